@@ -1,0 +1,218 @@
+"""The ``flopcount`` command. Thin: parses arguments, calls the library, prints.
+
+Each subcommand has an ``_add_<name>(sub)`` that declares its arguments and a ``_cmd_<name>(args)`` that runs it
+and returns the exit code. Errors the user can fix (a bad model spec, a bad shape, an unknown device) are raised
+as ``UserError`` (or one of the library's error types) and printed as one line on stderr with exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Optional
+
+FORMATS = ("table", "csv", "json")
+
+
+from .errors import FlopcountError as UserError  # noqa: E402  (every library error type derives from it)
+
+
+def _print_frame(frame, fmt: str, title: str = "") -> None:
+    """Print a DataFrame as an aligned table or CSV (json is handled by each command: one document)."""
+    import pandas as pd
+
+    if fmt == "csv":
+        sys.stdout.write(frame.to_csv())
+        return
+    if title:
+        print(title)
+    with pd.option_context("display.max_rows", None, "display.max_columns", None, "display.width", 200):
+        print(frame.to_string())
+
+
+def _print_json(doc) -> None:
+    json.dump(doc, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
+
+
+def _warn(msg: str) -> None:
+    print(f"flopcount: warning: {msg}", file=sys.stderr)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", choices=FORMATS, default="table", help="output format (json: one document on stdout)")
+
+
+def _model_args(p: argparse.ArgumentParser, batch_default: Optional[int] = 1) -> None:
+    p.add_argument("model", help="torchvision name (resnet50), path/to/file.py:factory or package.module:attr")
+    p.add_argument("--batch", type=int, default=batch_default, help="batch size")
+    p.add_argument("--input-shape", default=None, help="per-sample input shape, e.g. 3,224,224")
+    p.add_argument("--num-classes", type=int, default=None, help="classes of a torchvision classifier")
+
+
+# --- count ------------------------------------------------------------------------------------------------------
+def _add_count(sub) -> None:
+    p = sub.add_parser("count", help="FLOPs of a training step, per op, module or phase")
+    _model_args(p)
+    p.add_argument("--estimator", default="dispatch", help="estimator name (see `flopcount compare --help`)")
+    p.add_argument("--by", choices=("op", "module", "phase", "family"), default="op", help="table grouping")
+    p.add_argument("--no-backward", action="store_true", help="forward only")
+    p.add_argument("--check-scaling", action="store_true",
+                   help="also count at batch 1 and list every op whose FLOPs are not exactly batch x batch-1")
+    _common(p)
+
+
+def _cmd_count(args) -> int:
+    from . import count as count_flops
+    from .models import example_inputs, load_model
+    from .scaling import check_scaling
+
+    model, name = load_model(args.model, num_classes=args.num_classes, device="meta")
+    inputs = example_inputs(model, name, batch=args.batch, input_shape=args.input_shape)
+    report = count_flops(model, inputs, estimator=args.estimator, backward=not args.no_backward)
+    report.model = name
+    mismatches = None
+    if args.check_scaling:
+        mismatches = check_scaling(model, name, batch=args.batch, input_shape=args.input_shape,
+                                   estimator=args.estimator, backward=not args.no_backward)
+    if report.uncounted:
+        _warn("ops without a formula (their FLOPs are NOT in the totals): "
+              + ", ".join(f"{op} x{n}" for op, n in report.uncounted.items()))
+    if args.format == "json":
+        doc = report.to_dict()
+        if mismatches is not None:
+            doc["scaling"] = {"batch": args.batch, "ok": mismatches.empty,
+                              "mismatches": json.loads(mismatches.to_json(orient="records"))}
+        _print_json(doc)
+    elif args.format == "csv":
+        _print_frame(report.by(args.by), "csv")
+    else:
+        s = report.summary()
+        print(f"{name}  batch={report.batch_size}  estimator={report.estimator}  phases={','.join(report.phases)}")
+        print("  " + "  ".join(f"{k}={v:,}" for k, v in s["flops"].items() if v is not None) + "  (FLOPs, 1 FMA = 2)")
+        _print_frame(report.by(args.by), "table")
+        for note in report.notes:
+            print(f"note: {note}")
+    if mismatches is not None:
+        if mismatches.empty:
+            print(f"scaling: every op at batch {args.batch} is exactly {args.batch} x batch 1", file=sys.stderr)
+        else:
+            _warn(f"{len(mismatches)} op(s) do not scale exactly with the batch:")
+            print(mismatches.to_string(), file=sys.stderr)
+            return 1
+    return 0
+
+
+# --- compare (issue: Estimators) ---------------------------------------------------------------------------------
+def _add_compare(sub) -> None:
+    p = sub.add_parser("compare", help="FLOPs by several estimators, op x estimator, differences explained")
+    _model_args(p)
+    p.add_argument("--estimators", default="all", help="all, or a comma-separated list")
+    _common(p)
+
+
+def _cmd_compare(args) -> int:
+    raise UserError("compare is not available yet")
+
+
+# --- utilization (issue: Utilization) ----------------------------------------------------------------------------
+def _add_utilization(sub) -> None:
+    p = sub.add_parser("utilization", help="measured FLOP/s of a training step against the device's peak")
+    _model_args(p, batch_default=None)
+    _common(p)
+
+
+def _cmd_utilization(args) -> int:
+    raise UserError("utilization is not available yet")
+
+
+def _add_peaks(sub) -> None:
+    p = sub.add_parser("peaks", help="the datasheet peak table, with sources")
+    _common(p)
+
+
+def _cmd_peaks(args) -> int:
+    raise UserError("peaks is not available yet")
+
+
+# --- nsys (issue: NVTX + Nsight Systems) --------------------------------------------------------------------------
+def _add_nsys(sub) -> None:
+    p = sub.add_parser("nsys", help="per-op FLOPs and GPU time from an Nsight Systems SQLite export")
+    p.add_argument("profile", help="PROFILE.sqlite (nsys export --type sqlite)")
+    p.add_argument("--naive", action="store_true", help="count the way the 2021 study's tool did")
+    _common(p)
+
+
+def _cmd_nsys(args) -> int:
+    raise UserError("nsys is not available yet")
+
+
+def _add_capture(sub) -> None:
+    p = sub.add_parser("capture", help="profile a training step under nsys with emit_nvtx and export SQLite")
+    _model_args(p)
+    p.add_argument("--out", default="run", help="output name (run.nsys-rep, run.sqlite)")
+    _common(p)
+
+
+def _cmd_capture(args) -> int:
+    raise UserError("capture is not available yet")
+
+
+# --- roofline / overhead (issue: First-principles bottleneck analysis) ---------------------------------------------
+def _add_roofline(sub) -> None:
+    p = sub.add_parser("roofline", help="per-op intensity against a device's ridge point")
+    _model_args(p)
+    p.add_argument("--device-spec", required=True, help="device name from `flopcount peaks`")
+    _common(p)
+
+
+def _cmd_roofline(args) -> int:
+    raise UserError("roofline is not available yet")
+
+
+def _add_overhead(sub) -> None:
+    p = sub.add_parser("overhead", help="time per step along a batch ladder: is the model overhead-bound?")
+    p.add_argument("model")
+    _common(p)
+
+
+def _cmd_overhead(args) -> int:
+    raise UserError("overhead is not available yet")
+
+
+# --- study (issue: Reproduce the P100 utilization study) ----------------------------------------------------------
+def _add_study(sub) -> None:
+    p = sub.add_parser("study", help="reproduce the 2021 P100 utilization study (same as python -m experiments.p100_study)")
+    p.add_argument("--quick", action="store_true", help="a preset that finishes on a small CPU in minutes")
+    p.add_argument("--out", default="results/study", help="output folder")
+    _common(p)
+
+
+def _cmd_study(args) -> int:
+    raise UserError("study is not available yet")
+
+
+COMMANDS = ("count", "compare", "utilization", "peaks", "nsys", "capture", "roofline", "overhead", "study")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="flopcount", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in COMMANDS:
+        globals()[f"_add_{name}"](sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return globals()[f"_cmd_{args.command}"](args)
+    except UserError as exc:
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"flopcount: error: {msg}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

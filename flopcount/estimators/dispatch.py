@@ -1,0 +1,326 @@
+"""The dispatch-level counter: every aten op of a training step, forward and backward, attributed to a module.
+
+How it works, and why:
+
+* A ``TorchDispatchMode`` sees every op below autograd, so backward ops are seen as the ops they really are
+  (``convolution_backward`` with its output mask, not a guessed 2 x forward).
+* The model runs through ``torch.func.functional_call`` with stand-in parameters and buffers: ``meta`` tensors by
+  default (no memory, no compute, so a model too large for this machine can still be counted), or detached views
+  of the real ones on a real device. The caller's model is never modified and its weights are never copied.
+* Backward ops are attributed to the module whose forward created the autograd node that runs them: in forward,
+  every new autograd node's sequence number is tagged with the module on top of the stack; in backward,
+  ``torch._C._current_autograd_node()`` names the node being run. Gradient accumulation into a parameter goes to
+  the parameter's module.
+"""
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from contextlib import contextmanager
+from typing import Any, Callable, Dict, Optional
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .. import formulas
+from ..report import COUNTED, UNCOUNTED, ZERO, FlopReport
+
+_get_sequence_nr = torch._C._autograd._get_sequence_nr
+_current_node = torch._C._current_autograd_node
+_NO_SEQUENCE = 2**64 - 1  # AccumulateGrad nodes carry no sequence number
+
+
+class _OpInfo:
+    __slots__ = ("name", "formula", "zero", "family")
+
+    def __init__(self, func):
+        self.name = str(func.overloadpacket)
+        self.formula = formulas.lookup(self.name)
+        self.zero = formulas.ZERO_FLOP.get(self.name)
+        self.family = formulas.op_family(self.name)
+
+
+def _to_shapes(x):
+    if isinstance(x, torch.Tensor):
+        return x.shape
+    if isinstance(x, (list, tuple)) and x and any(isinstance(e, torch.Tensor) for e in x):
+        return type(x)(_to_shapes(e) for e in x)
+    return x
+
+
+def _tensor_bytes(x) -> int:
+    if isinstance(x, torch.Tensor):
+        return x.numel() * x.element_size()
+    if isinstance(x, (list, tuple)):
+        return sum(_tensor_bytes(e) for e in x)
+    return 0
+
+
+def _first_tensor(x) -> Optional[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, (list, tuple)):
+        for e in x:
+            t = _first_tensor(e)
+            if t is not None:
+                return t
+    return None
+
+
+class _Counter(TorchDispatchMode):
+    """Accumulates (module, op, phase, dtype) -> [flops, bytes, calls]."""
+
+    def __init__(self, param_owner: Dict[int, str]):
+        super().__init__()
+        self.phase = "forward"
+        self.stack = [""]
+        self.rows: Dict[tuple, list] = defaultdict(lambda: [0, 0, 0])
+        self.errors: Dict[str, str] = {}
+        self._ops: Dict[Any, _OpInfo] = {}
+        self._seq_owner: Dict[int, str] = {}
+        self._seq_sorted: Optional[list] = None
+        self._param_owner = param_owner
+
+    # --- module attribution -------------------------------------------------------------------------------
+    def _module_of_node(self, node) -> str:
+        if node is None:
+            return ""
+        seq = node._sequence_nr()
+        if seq == _NO_SEQUENCE:  # AccumulateGrad: the parameter's module
+            var = getattr(node, "variable", None)
+            return self._param_owner.get(id(var), "") if var is not None else ""
+        owner = self._seq_owner.get(seq)
+        if owner is None:
+            # A node created without a dispatched op of its own (a custom autograd Function): the module of
+            # the closest earlier tagged node, which was running when it was made.
+            if self._seq_sorted is None:
+                self._seq_sorted = sorted(self._seq_owner)
+            i = bisect.bisect_right(self._seq_sorted, seq) - 1
+            owner = self._seq_owner[self._seq_sorted[i]] if i >= 0 else ""
+            self._seq_owner[seq] = owner
+        return owner
+
+    # --- the hook -----------------------------------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        info = self._ops.get(func)
+        if info is None:
+            info = self._ops[func] = _OpInfo(func)
+
+        phase = self.phase
+        if phase == "forward":
+            module = self.stack[-1]
+            # The autograd node of this op (if any) was created just before it reached us: tag it.
+            self._seq_owner.setdefault(_get_sequence_nr() - 1, module)
+        elif phase == "backward":
+            module = self._module_of_node(_current_node())
+        else:
+            module = ""
+
+        ref = _first_tensor(out)
+        if ref is None:
+            ref = _first_tensor(args)
+        dtype = str(ref.dtype).replace("torch.", "") if ref is not None else ""
+
+        if info.zero is not None:
+            flops, status = 0, ZERO
+            nbytes = 0 if info.zero == formulas.VIEW else _tensor_bytes(args) + _tensor_bytes(kwargs) + _tensor_bytes(out)
+        elif info.formula is not None:
+            status = COUNTED
+            try:
+                res = info.formula(*_to_shapes(args), out_shape=_to_shapes(out), **{k: _to_shapes(v) for k, v in kwargs.items()})
+            except Exception as exc:  # a formula that cannot read these arguments must not pass as zero
+                self.errors[info.name] = f"{type(exc).__name__}: {exc}"
+                res, status = 0, UNCOUNTED
+            if isinstance(res, tuple):
+                flops = int(res[0])
+                nbytes = int(res[1]) * (ref.element_size() if ref is not None else 1)
+            else:
+                flops = int(res)
+                nbytes = _tensor_bytes(args) + _tensor_bytes(kwargs) + _tensor_bytes(out)
+        else:
+            flops, status = 0, UNCOUNTED
+            nbytes = _tensor_bytes(args) + _tensor_bytes(kwargs) + _tensor_bytes(out)
+
+        acc = self.rows[(module, info.name, phase, dtype, info.family, status)]
+        acc[0] += flops
+        acc[1] += nbytes
+        acc[2] += 1
+        return out
+
+
+class _SdpaAsOnCpu(TorchFunctionMode):
+    """On meta tensors, run scaled-dot-product attention through the fused CPU kernel, as a CPU run would.
+
+    Without this, the meta backend picks the unfused math path (bmm, softmax, bmm, and a materialised causal
+    mask), which is not what runs on a real device.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            fused = self._fused(*args, **kwargs)
+            if fused is not None:
+                return fused
+        return func(*args, **kwargs)
+
+    @staticmethod
+    def _fused(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        if query.device.type != "meta" or enable_gqa or query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+            return None
+        if not query.dtype.is_floating_point or (attn_mask is not None and is_causal):
+            return None
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
+        )[0]
+
+
+def _default_loss(output):
+    """Cross-entropy against class 0 for (N, C) logits (the study's loss); else the sum of every float output."""
+    if isinstance(output, torch.Tensor) and output.dim() == 2 and output.dtype.is_floating_point:
+        target = torch.zeros(output.shape[0], dtype=torch.long, device=output.device)
+        return F.cross_entropy(output, target)
+    leaves = [t for t in torch.utils._pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.dtype.is_floating_point]
+    if not leaves:
+        raise ValueError("the model returned no floating-point tensor to take a loss of; pass loss_fn=")
+    total = leaves[0].sum()
+    for t in leaves[1:]:
+        total = total + t.sum()
+    return total
+
+
+def _stand_in(t: torch.Tensor, device: str, is_param: bool) -> torch.Tensor:
+    if device == "meta":
+        s = torch.empty_like(t, device="meta")
+    elif is_param:
+        s = t.detach()  # shares storage: no copy; gradients land on this new leaf, not on the caller's tensor
+    else:
+        s = t.detach().clone()  # buffers are updated in place (batch-norm statistics): never the caller's
+    if is_param and t.requires_grad:
+        s.requires_grad_(True)
+    return s
+
+
+def _move_inputs(inputs, device: str):
+    def move(x):
+        if isinstance(x, torch.Tensor):
+            if device == "meta":
+                return torch.empty_like(x, device="meta")
+            return x.to(device)
+        return x
+
+    return torch.utils._pytree.tree_map(move, inputs)
+
+
+@contextmanager
+def _module_hooks(model: torch.nn.Module, counter: _Counter):
+    handles = []
+    for name, mod in model.named_modules():
+        if mod is model:
+            continue
+
+        def pre(m, a, name=name):
+            counter.stack.append(name)
+
+        def post(m, a, o):
+            counter.stack.pop()
+
+        handles.append(mod.register_forward_pre_hook(pre))
+        handles.append(mod.register_forward_hook(post, always_call=True))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _call(model, params, inputs):
+    if isinstance(inputs, dict):
+        return torch.func.functional_call(model, params, (), inputs)
+    if not isinstance(inputs, tuple):
+        inputs = (inputs,)
+    return torch.func.functional_call(model, params, inputs)
+
+
+def _optimizer_for(optimizer, params: Dict[str, torch.Tensor], model: torch.nn.Module):
+    """An optimizer of the caller's class and settings over the stand-in parameters."""
+    if optimizer is None:
+        return None
+    if isinstance(optimizer, torch.optim.Optimizer):
+        real_to_name = {id(p): n for n, p in model.named_parameters()}
+        groups = []
+        for g in optimizer.param_groups:
+            group = {k: v for k, v in g.items() if k != "params"}
+            group["params"] = [params[real_to_name[id(p)]] for p in g["params"] if id(p) in real_to_name]
+            groups.append(group)
+        return type(optimizer)(groups, **optimizer.defaults)
+    # a factory: params -> optimizer
+    return optimizer([p for p in params.values() if p.requires_grad])
+
+
+def count_step(
+    model: torch.nn.Module,
+    inputs,
+    *,
+    backward: bool = True,
+    loss_fn: Optional[Callable] = None,
+    device: str = "meta",
+    optimizer=None,
+    model_name: str = "",
+) -> FlopReport:
+    """Count one training step (forward, and backward/optimizer when asked) of ``model`` on ``inputs``."""
+    device = str(device)
+    named_params = dict(model.named_parameters())
+    params = {n: _stand_in(p, device, True) for n, p in named_params.items()}
+    params.update({n: _stand_in(b, device, False) for n, b in model.named_buffers()})
+    param_owner = {id(params[n]): n.rpartition(".")[0] for n in named_params}
+    inputs = _move_inputs(inputs, device)
+    opt = _optimizer_for(optimizer, params, model) if backward else None
+
+    counter = _Counter(param_owner)
+    grad = torch.enable_grad() if backward else torch.no_grad()
+    sdpa = _SdpaAsOnCpu() if device == "meta" else _null()
+    with _module_hooks(model, counter), grad, sdpa, counter:
+        output = _call(model, params, inputs)
+        if backward:
+            loss = (loss_fn or _default_loss)(output)
+            counter.phase = "backward"
+            loss.backward()
+            if opt is not None:
+                counter.phase = "optimizer"
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+
+    phases = ["forward"] + (["backward"] if backward else []) + (["optimizer"] if opt is not None else [])
+    rows = [
+        dict(module=k[0], op=k[1], phase=k[2], dtype=k[3], family=k[4], status=k[5], flops=v[0], bytes=v[1], calls=v[2])
+        for k, v in counter.rows.items()
+    ]
+    notes = [f"formula for {op} failed: {err}" for op, err in counter.errors.items()]
+    return FlopReport.from_rows(
+        rows, model=model_name or type(model).__name__, batch_size=_batch_size(inputs),
+        estimator="dispatch", phases=phases, notes=notes, meta={"device": device},
+    )
+
+
+@contextmanager
+def _null():
+    yield
+
+
+def _batch_size(inputs) -> Optional[int]:
+    t = _first_tensor(inputs if not isinstance(inputs, dict) else list(inputs.values()))
+    return int(t.shape[0]) if t is not None and t.dim() > 0 else None
+
+
+class DispatchEstimator:
+    """flopcount's own counter: every aten op, forward and backward (and optimizer), per module, with bytes."""
+
+    name = "dispatch"
+    phases = ("forward", "backward", "optimizer")
+
+    def estimate(self, model, inputs, **options) -> FlopReport:
+        return count_step(model, inputs, **options)

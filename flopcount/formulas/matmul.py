@@ -1,0 +1,1 @@
+"""Formulas: matmul (being written)."""

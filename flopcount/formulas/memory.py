@@ -1,0 +1,1 @@
+"""Formulas: memory (being written)."""

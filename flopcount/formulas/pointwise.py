@@ -1,0 +1,1 @@
+"""Formulas: pointwise (being written)."""

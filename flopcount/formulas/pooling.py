@@ -1,0 +1,1 @@
+"""Formulas: pooling (being written)."""

@@ -1,0 +1,145 @@
+"""FlopReport: what an estimator found, one row per (module, op, phase[, dtype]), plus what it could not see."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, Optional
+
+import pandas as pd
+
+PHASES = ("forward", "backward", "optimizer")
+
+# Row status: the op has a formula, is declared zero-FLOP, or was seen without a formula.
+COUNTED, ZERO, UNCOUNTED = "counted", "zero", "uncounted"
+
+COLUMNS = ["module", "op", "phase", "dtype", "family", "status", "flops", "bytes", "calls"]
+_INT_COLUMNS = ("flops", "bytes", "calls")
+
+
+@dataclass
+class FlopReport:
+    """Rows in ``frame`` (columns ``COLUMNS``; estimators may add more, e.g. ``native`` or ``seconds``).
+
+    ``phases`` lists the phases this estimator can see; a phase it cannot see is absent from ``phases``
+    (never reported as 0). ``notes`` carry what the reader must know (e.g. "backward = 2 x forward").
+    """
+
+    frame: pd.DataFrame
+    model: str = ""
+    batch_size: Optional[int] = None
+    estimator: str = ""
+    phases: tuple = ("forward", "backward")
+    notes: list = field(default_factory=list)
+    meta: Dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        frame = self.frame
+        for col in COLUMNS:
+            if col not in frame.columns:
+                frame[col] = 0 if col in _INT_COLUMNS else ""
+        for col in _INT_COLUMNS:
+            frame[col] = frame[col].astype("int64")
+        extra = [c for c in frame.columns if c not in COLUMNS]
+        self.frame = frame[COLUMNS + extra].reset_index(drop=True)
+        self.phases = tuple(self.phases)
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[dict], **meta) -> "FlopReport":
+        frame = pd.DataFrame(list(rows))
+        if frame.empty:
+            frame = pd.DataFrame(columns=COLUMNS)
+        return cls(frame=frame, **meta)
+
+    # --- totals -------------------------------------------------------------------------------------------
+    def total(self, phase: Optional[str] = None) -> int:
+        """Total FLOPs, of one phase or of all phases this report covers."""
+        if phase is not None and phase not in PHASES:
+            raise ValueError(f"unknown phase {phase!r}; expected one of {', '.join(PHASES)}")
+        f = self.frame
+        if phase is not None:
+            f = f[f["phase"] == phase]
+        return int(f["flops"].sum())
+
+    def total_bytes(self, phase: Optional[str] = None) -> int:
+        f = self.frame if phase is None else self.frame[self.frame["phase"] == phase]
+        return int(f["bytes"].sum())
+
+    def covers(self, phase: str) -> bool:
+        return phase in self.phases
+
+    @property
+    def uncounted(self) -> Dict[str, int]:
+        """op -> calls, for every op seen without a formula."""
+        f = self.frame[self.frame["status"] == UNCOUNTED]
+        return {op: int(n) for op, n in f.groupby("op")["calls"].sum().items()}
+
+    def by(self, key: str = "op") -> pd.DataFrame:
+        """FLOPs, bytes and calls grouped by ``op``, ``module``, ``phase`` or ``family``, one column per phase."""
+        if key not in ("op", "module", "phase", "family"):
+            raise ValueError(f"cannot group by {key!r}; use op, module, phase or family")
+        f = self.frame
+        if key == "phase":
+            g = f.groupby("phase", sort=False)[["flops", "bytes", "calls"]].sum()
+            return g.reindex([p for p in PHASES if p in g.index])
+        g = f.pivot_table(index=key, columns="phase", values="flops", aggfunc="sum", fill_value=0)
+        g = g.reindex(columns=[p for p in PHASES if p in g.columns])
+        g["total"] = g.sum(axis=1)
+        g["bytes"] = f.groupby(key)["bytes"].sum()
+        g["calls"] = f.groupby(key)["calls"].sum()
+        g.columns.name = None
+        return g.sort_values("total", ascending=False, kind="stable")
+
+    # --- output -------------------------------------------------------------------------------------------
+    def summary(self) -> dict:
+        flops = {p: (self.total(p) if p in self.phases else None) for p in PHASES if p in self.phases}
+        flops["total"] = self.total()
+        return {
+            "model": self.model,
+            "batch_size": self.batch_size,
+            "estimator": self.estimator,
+            "phases": list(self.phases),
+            "flops": flops,
+            "bytes": self.total_bytes(),
+            "uncounted": self.uncounted,
+            "notes": list(self.notes),
+        }
+
+    def to_dict(self) -> dict:
+        d = self.summary()
+        d["ops"] = json.loads(self.frame.to_json(orient="records"))
+        d.update({k: v for k, v in self.meta.items() if k not in d})
+        return d
+
+    def to_json(self, path: Optional[str] = None, indent: Optional[int] = None) -> str:
+        text = json.dumps(self.to_dict(), indent=indent)
+        if path is not None:
+            atomic_write(path, text)
+        return text
+
+    def to_csv(self, path: Optional[str] = None) -> str:
+        text = self.frame.to_csv(index=False)
+        if path is not None:
+            atomic_write(path, text)
+        return text
+
+    def __repr__(self) -> str:
+        phases = ", ".join(f"{p}={self.total(p):,}" for p in self.phases)
+        return f"FlopReport({self.model or '?'}, batch={self.batch_size}, {self.estimator}: {phases})"
+
+
+def atomic_write(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` so that a reader never sees half a file and a crash loses nothing old."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
