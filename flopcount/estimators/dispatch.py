@@ -145,6 +145,8 @@ class _Counter(TorchDispatchMode):
             flops, status = 0, UNCOUNTED
             nbytes = _tensor_bytes(args) + _tensor_bytes(kwargs) + _tensor_bytes(out)
 
+        if flops and ref is not None and not (ref.dtype.is_floating_point or ref.dtype.is_complex):
+            flops = 0  # integer and boolean arithmetic is not floating-point work
         acc = self.rows[(module, info.name, phase, dtype, info.family, status)]
         acc[0] += flops
         acc[1] += nbytes
