@@ -120,9 +120,10 @@ class _Counter(TorchDispatchMode):
         else:
             module = ""
 
-        ref = _first_tensor(out)
+        # The dtype an op computes in is its inputs' (a float comparison yields bools but is float work).
+        ref = _first_tensor(args)
         if ref is None:
-            ref = _first_tensor(args)
+            ref = _first_tensor(out)
         dtype = str(ref.dtype).replace("torch.", "") if ref is not None else ""
 
         if info.zero is not None:
