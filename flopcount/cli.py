@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from contextlib import contextmanager
 from typing import Optional
 
 FORMATS = ("table", "csv", "json")
@@ -37,6 +38,19 @@ def _print_json(doc) -> None:
 
 def _warn(msg: str) -> None:
     print(f"flopcount: warning: {msg}", file=sys.stderr)
+
+
+@contextmanager
+def _model_errors(name: str, inputs):
+    """A model that raises on its input (a shape that does not fit, a bug in user code): one line, exit 2."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as exc:
+        shape = "x".join(str(d) for d in inputs.shape) if hasattr(inputs, "shape") else "the example input"
+        msg = (str(exc).strip().splitlines() or [""])[0]
+        raise UserError(f"running {name} on input {shape} failed: {type(exc).__name__}: {msg}") from None
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -69,12 +83,13 @@ def _cmd_count(args) -> int:
 
     model, name = load_model(args.model, num_classes=args.num_classes, device="meta")
     inputs = example_inputs(model, name, batch=args.batch, input_shape=args.input_shape)
-    report = count_flops(model, inputs, estimator=args.estimator, backward=not args.no_backward)
+    with _model_errors(name, inputs):
+        report = count_flops(model, inputs, estimator=args.estimator, backward=not args.no_backward)
+        mismatches = None
+        if args.check_scaling:
+            mismatches = check_scaling(model, name, batch=args.batch, input_shape=args.input_shape,
+                                       estimator=args.estimator, backward=not args.no_backward)
     report.model = name
-    mismatches = None
-    if args.check_scaling:
-        mismatches = check_scaling(model, name, batch=args.batch, input_shape=args.input_shape,
-                                   estimator=args.estimator, backward=not args.no_backward)
     if report.uncounted:
         _warn("ops without a formula (their FLOPs are NOT in the totals): "
               + ", ".join(f"{op} x{n}" for op, n in report.uncounted.items()))

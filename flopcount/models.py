@@ -5,6 +5,7 @@ import importlib
 import importlib.util
 import inspect
 import os
+import re
 import sys
 from typing import Optional, Tuple
 
@@ -110,7 +111,7 @@ def parse_shape(text: Optional[str]) -> Optional[Tuple[int, ...]]:
     if text is None:
         return None
     try:
-        shape = tuple(int(s) for s in str(text).replace("x", ",").split(",") if s.strip())
+        shape = tuple(int(s) for s in re.split(r"[,x]", str(text).strip()))
     except ValueError:
         raise InputShapeError(f"bad input shape {text!r}; expected positive integers like 3,224,224") from None
     if not shape or any(d <= 0 for d in shape):

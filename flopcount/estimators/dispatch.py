@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, Callable, Dict, Optional
 
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import formulas
@@ -155,30 +154,41 @@ class _Counter(TorchDispatchMode):
         return out
 
 
-class _SdpaAsOnCpu(TorchFunctionMode):
+def _fused_sdpa_on_meta(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                       enable_gqa=False):
+    """Scaled-dot-product attention through the fused CPU kernel, or None where that kernel does not apply."""
+    if query.device.type != "meta" or enable_gqa or not (query.dim() == key.dim() == value.dim() == 4):
+        return None
+    if not query.dtype.is_floating_point or (attn_mask is not None and is_causal):
+        return None
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
+    )[0]
+
+
+@contextmanager
+def _sdpa_as_on_cpu():
     """On meta tensors, run scaled-dot-product attention through the fused CPU kernel, as a CPU run would.
 
     Without this, the meta backend picks the unfused math path (bmm, softmax, bmm, and a materialised causal
-    mask), which is not what runs on a real device.
+    mask), which is not what runs on a real device. The function is swapped in ``torch.nn.functional`` (where
+    ``nn.MultiheadAttention`` looks it up) for the duration of the count; a torch-function mode cannot do it, as
+    it does not see calls nested inside ``multi_head_attention_forward``.
     """
+    original = F.scaled_dot_product_attention
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention:
-            fused = self._fused(*args, **kwargs)
-            if fused is not None:
-                return fused
-        return func(*args, **kwargs)
+    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        fused = _fused_sdpa_on_meta(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        if fused is not None:
+            return fused
+        return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                        scale=scale, enable_gqa=enable_gqa)
 
-    @staticmethod
-    def _fused(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-        if query.device.type != "meta" or enable_gqa or query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
-            return None
-        if not query.dtype.is_floating_point or (attn_mask is not None and is_causal):
-            return None
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
-        )[0]
+    F.scaled_dot_product_attention = sdpa
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = original
 
 
 def _default_loss(output):
@@ -195,13 +205,13 @@ def _default_loss(output):
     return total
 
 
-def _stand_in(t: torch.Tensor, device: str, is_param: bool) -> torch.Tensor:
+def _stand_in(t: torch.Tensor, device: str, is_param: bool, written: bool) -> torch.Tensor:
     if device == "meta":
         s = torch.empty_like(t, device="meta")
-    elif is_param:
+    elif is_param and not written:
         s = t.detach()  # shares storage: no copy; gradients land on this new leaf, not on the caller's tensor
     else:
-        s = t.detach().clone()  # buffers are updated in place (batch-norm statistics): never the caller's
+        s = t.detach().clone()  # written in place (batch-norm statistics, an optimizer step): never the caller's
     if is_param and t.requires_grad:
         s.requires_grad_(True)
     return s
@@ -277,15 +287,16 @@ def count_step(
     """Count one training step (forward, and backward/optimizer when asked) of ``model`` on ``inputs``."""
     device = str(device)
     named_params = dict(model.named_parameters())
-    params = {n: _stand_in(p, device, True) for n, p in named_params.items()}
-    params.update({n: _stand_in(b, device, False) for n, b in model.named_buffers()})
+    stepped = backward and optimizer is not None
+    params = {n: _stand_in(p, device, True, stepped) for n, p in named_params.items()}
+    params.update({n: _stand_in(b, device, False, True) for n, b in model.named_buffers()})
     param_owner = {id(params[n]): n.rpartition(".")[0] for n in named_params}
     inputs = _move_inputs(inputs, device)
     opt = _optimizer_for(optimizer, params, model) if backward else None
 
     counter = _Counter(param_owner)
     grad = torch.enable_grad() if backward else torch.no_grad()
-    sdpa = _SdpaAsOnCpu() if device == "meta" else _null()
+    sdpa = _sdpa_as_on_cpu() if device == "meta" else nullcontext()
     with _module_hooks(model, counter), grad, sdpa, counter:
         output = _call(model, params, inputs)
         if backward:
@@ -307,11 +318,6 @@ def count_step(
         rows, model=model_name or type(model).__name__, batch_size=_batch_size(inputs),
         estimator="dispatch", phases=phases, notes=notes, meta={"device": device},
     )
-
-
-@contextmanager
-def _null():
-    yield
 
 
 def _batch_size(inputs) -> Optional[int]:

@@ -1,0 +1,141 @@
+"""The dispatch counter's mechanics: attribution, phases, the caller's model left alone, meta = real device."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import flopcount
+from flopcount.estimators.dispatch import count_step
+
+
+class TwoLayer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(8, 16)
+        self.act = torch.nn.ReLU()
+        self.fc2 = torch.nn.Linear(16, 4, bias=False)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+def _flops(report, module, phase, op=None):
+    f = report.frame
+    f = f[(f["module"] == module) & (f["phase"] == phase)]
+    if op is not None:
+        f = f[f["op"] == op]
+    return int(f["flops"].sum())
+
+
+def test_matmuls_are_attributed_to_their_module_in_both_phases():
+    n = 3
+    r = flopcount.count(TwoLayer(), torch.randn(n, 8), loss_fn=lambda out: out.sum())
+    # fc1: addmm (3x8)@(8x16) = 2*3*8*16 = 768, + bias 3*16 = 48
+    assert _flops(r, "fc1", "forward", "aten.addmm") == 2 * n * 8 * 16 + n * 16
+    # fc2 has no bias: mm (3x16)@(16x4) = 2*3*16*4 = 384
+    assert _flops(r, "fc2", "forward", "aten.mm") == 2 * n * 16 * 4
+    # backward: fc2 grad-input and grad-weight, two mms of the forward's size each
+    assert _flops(r, "fc2", "backward", "aten.mm") == 2 * (2 * n * 16 * 4)
+    # fc1 is the first layer: its input needs no gradient, so only grad-weight (1 mm) + grad-bias (sum over 3x16)
+    assert _flops(r, "fc1", "backward", "aten.mm") == 2 * n * 8 * 16
+    assert _flops(r, "fc1", "backward", "aten.sum") == n * 16
+    assert set(r.frame["phase"]) == {"forward", "backward"}
+    assert r.phases == ("forward", "backward")
+
+
+def test_the_callers_model_is_not_modified():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Flatten(), torch.nn.LazyLinear(2))
+    model(torch.randn(2, 3, 8, 8))  # materialise the lazy layer
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    hooks_before = [len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules()]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for device in ("meta", "cpu"):
+        count_step(model, torch.randn(2, 3, 8, 8), device=device, optimizer=opt)
+    after = model.state_dict()
+    for k, v in before.items():
+        assert torch.equal(v, after[k]), k
+    assert all(p.grad is None for p in model.parameters())
+    assert [len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules()] == hooks_before
+    assert opt.state == {} or all(not s for s in opt.state.values())
+    assert all(p.device.type == "cpu" for p in model.parameters())
+
+
+def test_meta_and_real_cpu_counts_agree():
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 5))
+    x = torch.randn(4, 3, 16, 16)
+    key = ["module", "op", "phase"]
+    meta = count_step(model, x, device="meta").frame.groupby(key)[["flops", "calls"]].sum()
+    real = count_step(model, x, device="cpu").frame.groupby(key)[["flops", "calls"]].sum()
+    both = meta.join(real, lsuffix="_meta", rsuffix="_cpu", how="inner")
+    # the same ops with the same FLOPs (a real run may add bookkeeping ops, never FLOPs)
+    assert (both["flops_meta"] == both["flops_cpu"]).all(), both
+    assert meta["flops"].sum() == real["flops"].sum() > 0
+
+
+def test_optimizer_step_is_its_own_phase():
+    model = TwoLayer()
+    r = count_step(model, torch.randn(2, 8), optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    assert r.phases == ("forward", "backward", "optimizer")
+    opt_rows = r.frame[r.frame["phase"] == "optimizer"]
+    assert len(opt_rows) > 0 and r.total("optimizer") > 0
+    assert r.uncounted == {}
+    # a plain SGD step touches every parameter element at least once (p -= lr * g)
+    n_params = sum(p.numel() for p in model.parameters())
+    assert r.total("optimizer") >= n_params
+
+
+def test_integer_bookkeeping_is_zero_flops():
+    bn = torch.nn.BatchNorm1d(4)
+    r = flopcount.count(bn, torch.randn(3, 4), backward=False)
+    add_ = r.frame[r.frame["op"] == "aten.add_"]  # num_batches_tracked += 1
+    assert len(add_) == 1 and int(add_["flops"].iloc[0]) == 0 and add_["dtype"].iloc[0] == "int64"
+
+
+@torch.library.custom_op("flopcount_test::mystery", mutates_args=())
+def _mystery(x: torch.Tensor) -> torch.Tensor:
+    return x.clone()
+
+
+@_mystery.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def test_an_op_without_formula_is_reported_with_its_calls():
+    class Odd(torch.nn.Module):
+        def forward(self, x):
+            return _mystery(_mystery(x * 2))
+
+    r = flopcount.count(Odd(), torch.randn(3, 4), backward=False)
+    assert r.uncounted == {"flopcount_test.mystery": 2}
+    row = r.frame[r.frame["op"] == "flopcount_test.mystery"]
+    assert (row["status"] == "uncounted").all() and int(row["flops"].sum()) == 0
+
+
+def test_attention_runs_the_fused_kernel_on_meta():
+    layer = torch.nn.TransformerEncoderLayer(64, 4, dim_feedforward=128, batch_first=True, dropout=0.0)
+    r = flopcount.count(layer, torch.randn(2, 8, 64))
+    ops = set(r.frame["op"])
+    assert "aten._scaled_dot_product_flash_attention_for_cpu" in ops
+    assert "aten._scaled_dot_product_flash_attention_for_cpu_backward" in ops
+
+
+def test_resnet152_at_batch_1024_counts_in_under_1gb(tmp_path):
+    code = textwrap.dedent("""
+        import resource, torch, flopcount
+        from flopcount.models import load_model
+        model, _ = load_model("resnet152", device="meta")
+        r = flopcount.count(model, torch.empty(1024, 3, 224, 224, device="meta"))
+        assert r.total("backward") > r.total("forward") > 0
+        print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    peak_kib = int(out.stdout.strip().splitlines()[-1])  # Linux reports ru_maxrss in KiB
+    assert peak_kib * 1024 < 1e9, f"peak RSS {peak_kib / 1024:.0f} MiB"
