@@ -1,0 +1,159 @@
+"""The peak table against datasheet figures written out here, lookup by CUDA's names, precision, effective peak."""
+import json
+
+import pytest
+import torch
+
+from flopcount import devices
+from flopcount.devices import (DeviceSpec, UnknownDevice, UnknownPeak, effective_peak, get_device, list_devices,
+                               precision_of)
+from flopcount.errors import FlopcountError
+
+
+# (name as CUDA reports it, precision, figure from the vendor datasheet)
+DATASHEET = [
+    ("Tesla P100-PCIE-16GB", "fp32", 9.3e12),
+    ("Tesla P100-PCIE-16GB", "fp16", 18.7e12),
+    ("Tesla P100-PCIE-16GB", "fp64", 4.7e12),
+    ("Tesla P100-SXM2-16GB", "fp32", 10.6e12),
+    ("Tesla V100-SXM2-16GB", "fp16", 125e12),
+    ("Tesla V100-PCIE-32GB", "fp32", 14e12),
+    ("Tesla T4", "fp16", 65e12),
+    ("NVIDIA A100-SXM4-40GB", "bf16", 312e12),
+    ("NVIDIA A100-SXM4-40GB", "tf32", 156e12),
+    ("NVIDIA A100-SXM4-40GB", "fp32", 19.5e12),
+    ("NVIDIA A100 80GB PCIe", "bf16", 312e12),
+    ("NVIDIA H100 80GB HBM3", "bf16", 989e12),
+    ("NVIDIA H100 PCIe", "fp32", 51e12),
+    ("NVIDIA L4", "bf16", 121e12),
+    ("NVIDIA A10", "tf32", 62.5e12),
+    ("NVIDIA GeForce RTX 4090", "fp32", 82.6e12),
+    ("NVIDIA GeForce RTX 3090", "fp32", 35.6e12),
+]
+BANDWIDTH = [
+    ("Tesla P100-PCIE-16GB", 732e9),
+    ("NVIDIA A100-PCIE-40GB", 1555e9),
+    ("NVIDIA A100-SXM4-40GB", 1555e9),
+    ("NVIDIA A100-SXM4-80GB", 2039e9),
+    ("NVIDIA H100 80GB HBM3", 3.35e12),
+    ("NVIDIA H200", 4.8e12),
+    ("Tesla T4", 320e9),
+]
+
+
+@pytest.mark.parametrize("name,precision,figure", DATASHEET)
+def test_peak_matches_datasheet(name, precision, figure):
+    # datasheets round to 3-4 digits (H100 SXM bf16: 1,979 sparse -> 989.5 dense)
+    assert get_device(name).peak(precision) == pytest.approx(figure, rel=1e-3)
+
+
+@pytest.mark.parametrize("name,figure", BANDWIDTH)
+def test_bandwidth_matches_datasheet(name, figure):
+    assert get_device(name).bandwidth == pytest.approx(figure, rel=1e-3)
+
+
+def test_required_devices_present_with_sources():
+    table = list_devices()
+    for name in ["P100 PCIe", "P100 SXM2", "V100 PCIe", "V100 SXM2", "T4", "A100 PCIe 40GB", "A100 SXM 40GB",
+                 "A100 PCIe 80GB", "A100 SXM 80GB", "A10", "L4", "H100 PCIe", "H100 SXM", "H200", "RTX 3090",
+                 "RTX 4090"]:
+        assert name in table.index
+        assert table.loc[name, "source"].strip()
+        assert table.loc[name, "fp32"] > 0 and table.loc[name, "bandwidth"] > 0
+
+
+def test_lookup_spellings():
+    assert get_device("p100 pcie").name == "P100 PCIe"
+    assert get_device("H100-SXM").name == "H100 SXM"
+    assert get_device("h200").name == "H200"  # a unique prefix
+
+
+def test_absent_precision_is_absent_not_zero():
+    p100 = get_device("P100 PCIe")
+    assert "bf16" not in p100.peaks and "tf32" not in p100.peaks
+    with pytest.raises(UnknownPeak, match="--peak"):
+        p100.peak("bf16")
+
+
+@pytest.mark.parametrize("name", ["B200", "A100", "", "MI300X"])
+def test_unknown_or_ambiguous_device_is_an_error_with_the_way_out(name):
+    with pytest.raises(UnknownDevice) as exc:
+        get_device(name)
+    assert isinstance(exc.value, FlopcountError)
+    msg = str(exc.value)
+    assert "--device-spec" in msg and "--peak" in msg and "\n" not in msg
+
+
+def test_precision_of():
+    assert precision_of(torch.float32) == "fp32"
+    assert precision_of(torch.float32, allow_tf32=True) == "tf32"
+    assert precision_of(torch.bfloat16, allow_tf32=True) == "bf16"
+    assert precision_of("float16") == "fp16"
+    assert precision_of("torch.float64") == "fp64"
+    with pytest.raises(UnknownPeak):
+        precision_of(torch.int64)
+
+
+def test_effective_peak_of_a_bf16_fp32_mixture_by_hand():
+    a100 = get_device("A100 SXM 40GB")
+    # 3e12 FLOPs in bf16 at 312e12 FLOP/s take 3/312 s; 1e12 in fp32 at 19.5e12 take 1/19.5 s.
+    seconds = 3e12 / 312e12 + 1e12 / 19.5e12  # = 0.0096154 + 0.0512821 = 0.0608974 s
+    assert seconds == pytest.approx(0.0608974, rel=1e-5)
+    expected = 4e12 / seconds  # = 65.684e12 FLOP/s: far nearer fp32's peak than the FLOP-weighted mean 238.9e12
+    assert expected == pytest.approx(65.684e12, rel=1e-4)
+    assert effective_peak({"bf16": 3e12, "fp32": 1e12}, a100) == pytest.approx(expected, rel=1e-12)
+
+
+def test_effective_peak_single_precision_is_that_peak():
+    a100 = get_device("A100 SXM 40GB")
+    assert effective_peak({"bf16": 7e9, "fp32": 0}, a100) == pytest.approx(312e12, rel=1e-12)
+
+
+def test_tf32_on_a_device_without_it_runs_at_fp32():
+    assert effective_peak({"tf32": 1e9}, get_device("V100 SXM2")) == pytest.approx(15.7e12, rel=1e-12)
+
+
+def test_effective_peak_rejects_a_missing_precision():
+    with pytest.raises(UnknownPeak):
+        effective_peak({"bf16": 1e9}, get_device("T4"))
+
+
+def test_cpu_spec_is_measured_and_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLOPCOUNT_CACHE_DIR", str(tmp_path))
+    calls = []
+
+    def fake_mm(dtype):
+        calls.append(dtype)
+        return 5e10
+
+    monkeypatch.setattr(devices, "probe_matmul", fake_mm)
+    monkeypatch.setattr(devices, "probe_bandwidth", lambda: 2e10)
+    spec = devices.cpu_spec(threads=3)
+    assert spec.peak("fp32") == 5e10 and spec.bandwidth == 2e10
+    assert spec.measured and spec.source.startswith("measured")
+    cache = json.loads((tmp_path / "cpu_peaks.json").read_text())
+    assert any("threads=3" in k and k.endswith("float32") for k in cache)
+    # second call: from the cache, no new probe; another thread count is a new key
+    devices.cpu_spec(threads=3)
+    assert calls == ["float32"]
+    devices.cpu_spec(threads=1)
+    assert calls == ["float32", "float32"]
+
+
+def test_corrupt_cache_is_remeasured(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLOPCOUNT_CACHE_DIR", str(tmp_path))
+    (tmp_path / "cpu_peaks.json").write_text("{not json")
+    monkeypatch.setattr(devices, "probe_matmul", lambda dtype: 1e10)
+    monkeypatch.setattr(devices, "probe_bandwidth", lambda: 1e9)
+    assert devices.cpu_spec().peak("fp32") == 1e10
+
+
+def test_probe_matmul_is_a_plausible_rate():
+    # a small real probe: positive and below 100 TFLOP/s, which no CPU core count here could reach
+    rate = devices.probe_matmul(sizes=(256,), repeats=2)
+    assert 1e8 < rate < 1e14
+
+
+def test_device_spec_ridge():
+    spec = DeviceSpec(name="x", peaks={"fp32": 10e12}, bandwidth=1e12, source="test")
+    assert spec.ridge == {"fp32": 10.0}
