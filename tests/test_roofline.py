@@ -1,0 +1,129 @@
+"""Roofline: intensities, ridge points and verdicts checked against numbers worked out by hand below."""
+import math
+
+import pandas as pd
+import pytest
+
+from flopcount.devices import DeviceSpec, get_device, list_devices
+from flopcount.report import FlopReport
+from flopcount.roofline import (
+    COMPUTE, MEMORY, RooflineError, analyze, classify, intensity, op_precision, ridge_point, roofline_time,
+)
+
+# A made-up device with round numbers: 100 TFLOP/s fp16, 10 TFLOP/s fp32, 1 TB/s.
+TOY = DeviceSpec(name="toy", peaks={"fp32": 10e12, "fp16": 100e12}, bandwidth=1e12, source="test")
+
+
+def test_ridge_point_is_peak_over_bandwidth():
+    assert ridge_point(TOY, "fp32") == pytest.approx(10.0)
+    assert ridge_point(TOY, "fp16") == pytest.approx(100.0)
+    # P100 PCIe datasheet: 9.3 TFLOP/s fp32, 732 GB/s -> 12.70 FLOP/byte
+    assert ridge_point(get_device("P100 PCIe"), "fp32") == pytest.approx(9.3e12 / 732e9)
+
+
+def test_elementwise_add_is_memory_bound_on_every_device():
+    # fp32 add of n elements: n FLOPs; reads 2 x 4n bytes, writes 4n bytes -> 1/12 FLOP per byte
+    n = 1 << 20
+    flops, nbytes = n, 12 * n
+    assert intensity(flops, nbytes) == pytest.approx(1 / 12)
+    names = list(list_devices().index)
+    assert len(names) >= 10
+    for name in names:
+        spec = get_device(name)
+        assert classify(flops, nbytes, spec, "fp32") == MEMORY, name
+        # fp16 add: n FLOPs over 6n bytes, still far below any ridge
+        assert classify(n, 6 * n, spec, op_precision("float16", "pointwise", spec=spec)) == MEMORY, name
+
+
+def test_big_fp16_matmul_is_compute_bound_on_a100():
+    n = 4096
+    flops = 2 * n ** 3                      # 1.374e11
+    nbytes = 3 * n * n * 2                  # two inputs read, one output written, 2 bytes each
+    assert intensity(flops, nbytes) == pytest.approx(4096 / 3)  # 2n^3 / 6n^2 = n/3 = 1365.3
+    for name in ("A100 SXM 40GB", "A100 PCIe 40GB", "A100 SXM 80GB"):
+        spec = get_device(name)
+        assert op_precision("float16", "matmul", spec=spec) == "fp16"
+        assert ridge_point(spec, "fp16") < 4096 / 3          # 312e12 / 1555e9 = 200.6
+        assert classify(flops, nbytes, spec, "fp16") == COMPUTE
+        # roofline time = compute time = 1.374e11 / 312e12 = 0.44 ms
+        t = roofline_time(flops, nbytes, spec.peak("fp16"), spec.bandwidth)
+        assert t == pytest.approx(2 * n ** 3 / 312e12)
+
+
+def test_small_matmul_is_memory_bound():
+    # (64 x 64) @ (64 x 64) fp32: 2*64^3 = 524288 FLOPs over 3*64*64*4 = 49152 bytes -> 10.67 FLOP/byte
+    flops, nbytes = 2 * 64 ** 3, 3 * 64 * 64 * 4
+    assert intensity(flops, nbytes) == pytest.approx(64 / 6)
+    assert classify(flops, nbytes, get_device("A100 SXM 40GB"), "fp32") == MEMORY  # ridge 19.5e12/1555e9 = 12.5
+    assert classify(flops, nbytes, TOY, "fp32") == COMPUTE                          # ridge 10
+
+
+def test_precision_rules():
+    a100 = get_device("A100 SXM 40GB")
+    p100 = get_device("P100 PCIe")
+    assert op_precision("float32", "conv", allow_tf32=True, spec=a100) == "tf32"
+    assert op_precision("float32", "conv", allow_tf32=True, spec=p100) == "fp32"  # no TF32 before Ampere
+    assert op_precision("bfloat16", "matmul", spec=a100) == "bf16"
+    # pointwise kernels compute fp16/bf16 in fp32
+    assert op_precision("bfloat16", "pointwise", spec=a100) == "fp32"
+    assert op_precision("float32", "pointwise", allow_tf32=True, spec=a100) == "fp32"
+    assert op_precision("float64", "norm", spec=a100) == "fp64"
+    assert math.isinf(intensity(5, 0)) and math.isnan(intensity(0, 0))
+
+
+def _report(rows):
+    return FlopReport.from_rows(rows, model="toy", batch_size=1, estimator="test")
+
+
+def test_analyze_sums_roofline_time_and_overhead_share():
+    rows = [
+        # matmul, fp16: 2e12 FLOPs / 100e12 = 20 ms compute; 1e9 bytes / 1e12 = 1 ms memory -> 20 ms, compute
+        dict(module="fc", op="aten.mm", phase="forward", dtype="float16", family="matmul", status="counted",
+             flops=2_000_000_000_000, bytes=1_000_000_000, calls=1),
+        # relu, fp16, held against fp32: 1e9 / 10e12 = 0.1 ms; 4e9 bytes / 1e12 = 4 ms -> 4 ms, memory
+        dict(module="act", op="aten.relu", phase="forward", dtype="float16", family="pointwise", status="counted",
+             flops=1_000_000_000, bytes=4_000_000_000, calls=2),
+        # a view: nothing
+        dict(module="act", op="aten.view", phase="forward", dtype="float16", family="memory", status="zero",
+             flops=0, bytes=0, calls=3),
+        # an integer op: bytes only, 1 ms
+        dict(module="", op="aten.argmax", phase="forward", dtype="int64", family="reduction", status="counted",
+             flops=0, bytes=1_000_000_000, calls=1),
+    ]
+    r = analyze(_report(rows), TOY, measured_seconds=0.050)
+    ops = r.ops.set_index("op")
+    assert list(ops["bound"]) == [COMPUTE, MEMORY, "-", MEMORY]
+    assert ops.loc["aten.mm", "ridge"] == pytest.approx(100.0)
+    assert ops.loc["aten.relu", "ridge"] == pytest.approx(10.0)
+    assert ops.loc["aten.mm", "t_roofline"] == pytest.approx(0.020)
+    assert ops.loc["aten.relu", "t_roofline"] == pytest.approx(0.004)
+    assert r.seconds == pytest.approx(0.025)
+    assert r.seconds_per_flop == pytest.approx(0.025 / 2_001_000_000_000)
+    assert r.memory_bound_share == pytest.approx(0.005 / 0.025)
+    assert r.unexplained_seconds == pytest.approx(0.025)
+    assert r.unexplained_share == pytest.approx(0.5)
+    fam = r.by("family")
+    assert list(fam.index[:2]) == ["matmul", "pointwise"]
+    assert fam.loc["matmul", "share"] == pytest.approx(0.8)
+    assert fam.loc["pointwise", "intensity"] == pytest.approx(0.25)
+    assert fam.loc["pointwise", "bound"] == MEMORY and fam.loc["matmul", "bound"] == COMPUTE
+    assert fam["share"].sum() == pytest.approx(1.0)
+
+
+def test_mixed_family_and_errors():
+    rows = [
+        dict(module="a", op="aten.convolution", phase="forward", dtype="float32", family="conv", status="counted",
+             flops=30e9, bytes=1e9, calls=1),   # 30 FLOP/B > 10: compute, 3 ms
+        dict(module="b", op="aten.convolution", phase="forward", dtype="float32", family="conv", status="counted",
+             flops=1e9, bytes=1e9, calls=1),    # 1 FLOP/B: memory, 1 ms
+    ]
+    r = analyze(_report(rows), TOY)
+    g = r.by("family")
+    assert g.loc["conv", "memory_share"] == pytest.approx(0.25)
+    assert g.loc["conv", "bound"] == "mixed"
+    assert r.unexplained_share is None
+    with pytest.raises(RooflineError):
+        analyze(_report(rows), DeviceSpec(name="nobw", peaks={"fp32": 1e12}, bandwidth=None, source="t"))
+    with pytest.raises(RooflineError):
+        analyze(_report([dict(rows[0], dtype="float16")]), DeviceSpec(name="no16", peaks={"fp32": 1e12},
+                                                                      bandwidth=1e9, source="t"))
