@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+from contextlib import contextmanager
 from importlib import metadata
 from typing import Callable, Dict, Optional, Protocol, Sequence, runtime_checkable
 
@@ -28,6 +29,12 @@ class EstimatorError(FlopcountError):
 # name -> "module:attribute", imported only when asked for, so that optional peers stay optional.
 _BUILTIN: Dict[str, str] = {
     "dispatch": "flopcount.estimators.dispatch:DispatchEstimator",
+    "fvcore": "flopcount.estimators.fvcore:FvcoreEstimator",
+    "theory": "flopcount.estimators.fvcore:TheoryEstimator",
+    "ptflops": "flopcount.estimators.ptflops:PtflopsEstimator",
+    "ptflops-aten": "flopcount.estimators.ptflops:PtflopsAtenEstimator",
+    "pthflops": "flopcount.estimators.pthflops:PthflopsEstimator",
+    "profiler": "flopcount.estimators.profiler:ProfilerEstimator",
 }
 _REGISTERED: Dict[str, Callable[[], Estimator]] = {}
 
@@ -82,3 +89,73 @@ def resolve_names(spec: Optional[str]) -> list:
     if unknown:
         raise EstimatorError(f"unknown estimator(s) {', '.join(unknown)}; available: {', '.join(available())}")
     return names
+
+
+# --- helpers shared by the peer estimators (fvcore, ptflops, pthflops, profiler) ------------------------------------
+# Peers run the model for real: they need a model with real weights and real input tensors.
+
+def peer_inputs(model, inputs, name: str):
+    """The inputs as real CPU tensors (a meta tensor becomes a random one of its shape and dtype)."""
+    import torch
+
+    for p in list(model.parameters())[:1] + list(model.buffers())[:1]:
+        if p.device.type == "meta":
+            raise EstimatorError(f"{name} runs the model and needs real weights; build the model on cpu, not meta")
+
+    def real(x):
+        if isinstance(x, torch.Tensor):
+            if x.device.type == "meta":
+                if x.dtype.is_floating_point:
+                    return torch.randn(x.shape, dtype=x.dtype, generator=torch.Generator().manual_seed(0))
+                return torch.zeros(x.shape, dtype=x.dtype)
+            return x.cpu()
+        return x
+
+    return torch.utils._pytree.tree_map(real, inputs)
+
+
+def as_args(inputs) -> tuple:
+    return inputs if isinstance(inputs, tuple) else (inputs,)
+
+
+@contextmanager
+def untouched(model):
+    """Run a peer on the caller's model and give it back as it was: train/eval flags and buffers (batch-norm
+    running statistics would otherwise move on every forward in training mode)."""
+    import torch
+
+    modes = {m: m.training for m in model.modules()}
+    saved = {n: b.detach().clone() for n, b in model.named_buffers()}
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        for m, mode in modes.items():
+            m.training = mode
+        with torch.no_grad():
+            for n, b in model.named_buffers():
+                if n in saved:
+                    b.copy_(saved[n])
+
+
+@contextmanager
+def module_stack(model):
+    """A list whose last element is the dotted path of the module now running (the root is \"\")."""
+    stack = [""]
+    handles = []
+    for name, mod in model.named_modules():
+        if mod is model:
+            continue
+        handles.append(mod.register_forward_pre_hook(lambda m, a, name=name: stack.append(name)))
+        handles.append(mod.register_forward_hook(lambda m, a, o: stack.pop() and None, always_call=True))
+    try:
+        yield stack
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def run_failed(name: str, exc: BaseException) -> EstimatorError:
+    """A peer that raised on this model: one line naming the estimator and its error."""
+    msg = (str(exc).strip().splitlines() or [""])[0]
+    return EstimatorError(f"{name} failed on this model: {type(exc).__name__}: {msg}"[:300])
