@@ -1,0 +1,96 @@
+"""Parse the range texts that ``torch.autograd.profiler.emit_nvtx`` writes.
+
+PyTorch builds each text from the op's RecordFunction, in this order, each part present only when it applies::
+
+    NAME[, seq = N][, op_id = M][, sizes = [[d, ...], ...]][, input_op_ids = [(op_id,output_nr), ...]]
+
+* ``seq``: the autograd sequence number, written when grad mode is on and the op dispatches through autograd.
+  The autograd node an op creates carries the same number, so a backward range (``ConvolutionBackward0, seq = N``)
+  is linked to its forward op by it. Ops run inside backward (grad mode off) have none.
+* ``sizes`` (only with ``record_shapes=True``): one entry per argument of the op, in schema order. A tensor gives
+  its sizes, a list of tensors is spliced in as one entry per tensor, anything else (a Python number, an int
+  list such as ``stride``, ``None``, an undefined tensor) gives ``[]``. So a 0-dim tensor and a non-tensor look
+  alike, and ``stride``/``padding``/``kernel_size`` values are not in the marker.
+* ``input_op_ids``: the op_ids of the ops that produced the inputs (only those with a known producer).
+
+The autograd engine wraps every node it runs in ``autograd::engine::evaluate_function: NodeName``; the node's
+own range (``NodeName, seq = N, ...``) is inside it.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+import pandas as pd
+
+_MARKER = re.compile(
+    r"^(?P<name>.*?)"
+    r"(?:, seq = (?P<seq>\d+))?"
+    r"(?:, op_id = (?P<op_id>\d+))?"
+    r"(?:, sizes = (?P<sizes>\[(?:\[[-\d, ]*\](?:, )?)*\]))?"
+    r"(?:, input_op_ids = (?P<input_op_ids>\[(?:\(\d+,-?\d+\)(?:, )?)*\]))?$",
+    re.DOTALL,
+)
+ENGINE_WRAPPER = "autograd::engine::evaluate_function: "
+_BACKWARD_NODE = re.compile(r"^(?:[\w:]+Backward\d*|torch::autograd::\w+)$")
+
+
+@dataclass(frozen=True)
+class Marker:
+    name: str
+    seq: Optional[int] = None
+    op_id: Optional[int] = None
+    sizes: Optional[List[List[int]]] = None  # None: recorded without shapes
+    input_op_ids: Tuple[Tuple[int, int], ...] = ()
+
+
+def parse(text: str) -> Marker:
+    """One range text -> Marker (a text that is not an emit_nvtx marker comes back as a bare name)."""
+    m = _MARKER.match(text)
+    if m is None:  # unreachable with this pattern (every part is optional), kept for safety
+        return Marker(name=text)
+    seq, op_id, sizes, ids = m.group("seq", "op_id", "sizes", "input_op_ids")
+    return Marker(
+        name=m.group("name"),
+        seq=int(seq) if seq is not None else None,
+        op_id=int(op_id) if op_id is not None else None,
+        sizes=parse_sizes(sizes) if sizes is not None else None,
+        input_op_ids=tuple((int(a), int(b)) for a, b in re.findall(r"\((\d+),(-?\d+)\)", ids or "")),
+    )
+
+
+def parse_sizes(text: str) -> List[List[int]]:
+    return json.loads(text)
+
+
+def parse_many(texts: pd.Series) -> pd.DataFrame:
+    """Vectorised :func:`parse` over a Series: columns name, seq (-1 if absent), op_id (-1), sizes (the raw
+    ``[[...]]`` text, NaN if absent), input_op_ids (raw text). Sizes stay text until an op needs them."""
+    parts = texts.str.extract(_MARKER)
+    out = pd.DataFrame(index=texts.index)
+    out["name"] = parts["name"].fillna(texts)
+    out["seq"] = pd.to_numeric(parts["seq"]).fillna(-1).astype("int64")
+    out["op_id"] = pd.to_numeric(parts["op_id"]).fillna(-1).astype("int64")
+    out["sizes"] = parts["sizes"]
+    out["input_op_ids"] = parts["input_op_ids"]
+    return out
+
+
+def is_engine_wrapper(name: str) -> bool:
+    return name.startswith(ENGINE_WRAPPER)
+
+
+def is_backward_node(name: str) -> bool:
+    """``ConvolutionBackward0``, ``torch::autograd::AccumulateGrad``: ranges the autograd engine runs."""
+    return bool(_BACKWARD_NODE.match(name)) and not name.startswith("aten::")
+
+
+def is_aten(name: str) -> bool:
+    return name.startswith("aten::")
+
+
+def packet(name: str) -> str:
+    """``aten::addmm`` -> ``aten.addmm`` (the formula table's naming)."""
+    return name.replace("::", ".", 1)

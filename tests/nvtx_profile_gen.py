@@ -1,0 +1,237 @@
+"""Generate Nsight Systems SQLite profiles of a real training step, for testing the nvtx estimator's FLOPs.
+
+A model runs one training step on the CPU under ``torch.profiler`` with ``record_shapes=True``. Its op tree (names,
+nesting, autograd sequence numbers, input shapes, scopes) is exactly what the RecordFunction callbacks of
+``emit_nvtx`` see, so each op becomes an NVTX push/pop range whose text is formatted the way PyTorch's
+``getNvtxStr`` formats it. Kernels are synthetic: every op that does the work itself (not a view, not an
+allocation, not a wrapper whose children do the work) launches one or two kernels from inside its range, named
+with the op's element type the way CUDA kernel templates are (``...<float>``). Backward runs on a second thread,
+as the autograd engine's device thread does on a GPU.
+
+What is not reproduced: ``input_op_ids`` (torch.profiler does not record op outputs, so producers are unknown);
+real timestamps (ranges get synthetic, strictly nested times); GPU-only inner ops (cudnn_convolution); the CPU
+kernels' own inner ops (mkldnn_convolution) appear instead.
+
+Run as a script to write a profile: ``python tests/nvtx_profile_gen.py resnet18 --batch 2 --out r18.sqlite``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sqlite3
+from typing import List, Optional
+
+# Ops that move no data through a kernel of their own on a GPU (views, metadata, allocation).
+NO_KERNEL = {
+    "aten::empty", "aten::empty_strided", "aten::empty_like", "aten::as_strided", "aten::as_strided_",
+    "aten::resize_", "aten::view", "aten::_unsafe_view", "aten::reshape", "aten::_reshape_alias", "aten::t",
+    "aten::transpose", "aten::expand", "aten::detach", "aten::detach_", "aten::alias", "aten::unsqueeze",
+    "aten::squeeze", "aten::permute", "aten::select", "aten::slice", "aten::lift_fresh", "aten::resolve_conj",
+    "aten::resolve_neg", "aten::flatten", "aten::numpy_T", "aten::expand_as", "aten::view_as", "aten::contiguous",
+    "aten::to", "aten::result_type", "aten::is_nonzero", "aten::item", "aten::_local_scalar_dense", "detach",
+}
+# Helpers an op calls around its own kernel (a layout copy, a zero fill): they launch their own kernels but do
+# not mean that the op's work is done by its children.
+HELPERS = {"aten::copy_", "aten::clone", "aten::fill_", "aten::zero_", "aten::_to_copy", "aten::zeros"}
+
+_CTYPE = {"torch.float32": "float", "torch.float64": "double", "torch.float16": "c10::Half",
+          "torch.bfloat16": "c10::BFloat16", "torch.int64": "long", "torch.int32": "int", "torch.bool": "bool",
+          "torch.uint8": "unsigned char", "torch.int8": "signed char", "torch.int16": "short"}
+
+PID, MAIN_TID, AUTOGRAD_TID = 4242, 4242, 4301
+
+
+def global_tid(pid: int, tid: int) -> int:
+    """Nsight's serialized GlobalId: process in bits 24..47, thread in bits 0..23."""
+    return (pid << 24) | tid
+
+
+# --- the emit_nvtx formatter, written from PyTorch's getNvtxStr / shapesToStr / inputSizes ----------------------
+def nvtx_text(name: str, seq: int, op_id: int, sizes: Optional[List[List[int]]], input_op_ids=()) -> str:
+    if seq >= -1 or sizes:
+        text = f"{name}, seq = {seq}" if seq >= 0 else name
+        if op_id > 0:
+            text += f", op_id = {op_id}"
+        if sizes:
+            text += ", sizes = [" + ", ".join("[" + ", ".join(str(d) for d in s) + "]" for s in sizes) + "]"
+        if input_op_ids:
+            text += ", input_op_ids = [" + ", ".join(f"({a},{b})" for a, b in input_op_ids) + "]"
+        return text
+    return name
+
+
+def input_sizes(inputs) -> List[List[int]]:
+    """RecordFunction inputs -> sizes as inputSizes(fn, flatten_list_enabled=true) builds them."""
+    out = []
+    for item in inputs:
+        if hasattr(item, "sizes"):
+            out.append(list(item.sizes))
+        elif isinstance(item, list):
+            tensors = [list(t.sizes) for t in item if hasattr(t, "sizes")]
+            out.extend(tensors if tensors else [[]])
+        else:
+            out.append([])
+    return out
+
+
+def _dtype(inputs) -> str:
+    for item in inputs:
+        if hasattr(item, "dtype"):
+            return _CTYPE.get(str(item.dtype), "float")
+        if isinstance(item, list):
+            for t in item:
+                if hasattr(t, "dtype"):
+                    return _CTYPE.get(str(t.dtype), "float")
+    return "float"
+
+
+# --- recording --------------------------------------------------------------------------------------------------
+def record_step(model, inputs, loss_fn=None):
+    """Run forward + backward of ``model`` on CPU under torch.profiler; return the op tree's root events."""
+    import torch
+    import torch.nn.functional as F
+    from torch.profiler import ProfilerActivity, profile
+
+    def default_loss(out):
+        return F.cross_entropy(out, torch.zeros(out.shape[0], dtype=torch.long))
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        out = model(inputs)
+        loss = (loss_fn or default_loss)(out)
+        loss.backward()
+    return prof.profiler.kineto_results.experimental_event_tree()
+
+
+def _does_work(ev) -> bool:
+    if ev.name in NO_KERNEL or not ev.name.startswith("aten::"):
+        return False
+    stack = list(ev.children)
+    while stack:
+        c = stack.pop()
+        if c.name.startswith("aten::") and c.name not in NO_KERNEL and c.name not in HELPERS:
+            return False
+        stack.extend(c.children)
+    return True
+
+
+def build_rows(roots, *, record_shapes: bool = True, kernels_per_op=(1, 2), orphan_kernels: int = 0):
+    """Op tree -> (nvtx rows, runtime rows, kernel rows, strings) in the Nsight schema."""
+    nvtx, runtime, kernels = [], [], []
+    strings = {}
+
+    def sid(s: str) -> int:
+        return strings.setdefault(s, len(strings) + 1)
+
+    clock = [1_000_000]
+    op_id = [0]
+    corr = [0]
+
+    def visit(ev, tid):
+        ef = ev.extra_fields
+        op_id[0] += 1
+        my_id = op_id[0]
+        inputs = list(getattr(ef, "inputs", []) or [])
+        sizes = input_sizes(inputs) if record_shapes else None
+        seq = int(getattr(ef, "sequence_number", -1))
+        text = nvtx_text(ev.name, seq, my_id, sizes)
+        start = clock[0]
+        clock[0] += 10
+        if _does_work(ev):
+            n = kernels_per_op[my_id % len(kernels_per_op)]
+            for k in range(n):
+                corr[0] += 1
+                launch = clock[0]
+                runtime.append((launch, launch + 3, 1, global_tid(PID, tid), corr[0], sid("cudaLaunchKernel_v7000"), 0))
+                name = f"void flopcount_synthetic::{ev.name[6:]}_kernel<{_dtype(inputs)}>(int)"
+                kstart = launch + 2
+                kernels.append((kstart, kstart + 100 + 7 * (my_id % 13) + k, 0, 1, 7, corr[0], PID << 24,
+                                sid(name), sid(name.split("<")[0].split("::")[-1]), 1 + my_id % 64, 1, 1, 256, 1, 1))
+                clock[0] += 5
+        for child in ev.children:
+            visit(child, tid)
+        end = clock[0]
+        clock[0] += 10
+        nvtx.append((start, end, 59, text, global_tid(PID, tid)))
+
+    for root in roots:
+        backward = root.name.startswith("autograd::engine::evaluate_function")
+        visit(root, AUTOGRAD_TID if backward else MAIN_TID)
+    for k in range(orphan_kernels):  # launched before the capture window: no runtime row
+        kernels.append((clock[0] + k * 200, clock[0] + k * 200 + 50, 0, 1, 7, 10_000_000 + k, PID << 24,
+                        sid("void flopcount_synthetic::orphan_kernel<float>(int)"), sid("orphan_kernel"), 1, 1, 1, 32, 1, 1))
+    return nvtx, runtime, kernels, strings
+
+
+_SCHEMA = """
+CREATE TABLE StringIds (id INTEGER NOT NULL PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE META_DATA_EXPORT (name TEXT NOT NULL, value TEXT);
+CREATE TABLE ENUM_NSYS_EVENT_TYPE (id INTEGER NOT NULL PRIMARY KEY, name TEXT, label TEXT);
+CREATE TABLE NVTX_EVENTS (start INTEGER NOT NULL, end INTEGER, eventType INTEGER NOT NULL, rangeId INTEGER,
+    category INTEGER, color INTEGER, text TEXT, globalTid INTEGER, endGlobalTid INTEGER, textId INTEGER,
+    domainId INTEGER, uint64Value INTEGER, int64Value INTEGER, doubleValue REAL, uint32Value INTEGER,
+    int32Value INTEGER, floatValue REAL, jsonTextId INTEGER, jsonText TEXT, binaryData TEXT);
+CREATE TABLE CUPTI_ACTIVITY_KIND_RUNTIME (start INTEGER NOT NULL, end INTEGER NOT NULL, eventClass INTEGER NOT NULL,
+    globalTid INTEGER, correlationId INTEGER, nameId INTEGER NOT NULL, returnValue INTEGER NOT NULL, callchainId INTEGER);
+CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER NOT NULL, end INTEGER NOT NULL, deviceId INTEGER NOT NULL,
+    contextId INTEGER NOT NULL, streamId INTEGER NOT NULL, correlationId INTEGER, globalPid INTEGER,
+    demangledName INTEGER NOT NULL, shortName INTEGER NOT NULL, gridX INTEGER NOT NULL, gridY INTEGER NOT NULL,
+    gridZ INTEGER NOT NULL, blockX INTEGER NOT NULL, blockY INTEGER NOT NULL, blockZ INTEGER NOT NULL);
+"""
+_META = [("EXPORT_PRODUCT_NAME", "NVIDIA Nsight Systems"), ("EXPORT_PRODUCT_VERSION", "synthetic"),
+         ("EXPORT_SCHEMA_VERSION", "3.25.0"), ("EXPORT_SCHEMA_VERSION_MAJOR", "3"),
+         ("EXPORT_SCHEMA_VERSION_MINOR", "25"), ("EXPORT_SCHEMA_VERSION_MICRO", "0"),
+         ("GENERATED_BY", "flopcount tests/nvtx_profile_gen.py")]
+
+
+def write_sqlite(path, nvtx, runtime, kernels, strings, *, tables=None) -> str:
+    """Write rows in the Nsight SQLite schema; ``tables`` (a subset of names) leaves the others out."""
+    if os.path.exists(path):
+        os.unlink(path)
+    con = sqlite3.connect(path)
+    for stmt in _SCHEMA.strip().split(";"):
+        name = stmt.split("TABLE")[1].split("(")[0].strip() if "TABLE" in stmt else None
+        if name and (tables is None or name in tables):
+            con.execute(stmt)
+    have = {r[0] for r in con.execute("SELECT name FROM sqlite_master")}
+    if "StringIds" in have:
+        con.executemany("INSERT INTO StringIds VALUES (?, ?)", [(i, s) for s, i in strings.items()])
+    if "META_DATA_EXPORT" in have:
+        con.executemany("INSERT INTO META_DATA_EXPORT VALUES (?, ?)", _META)
+    if "ENUM_NSYS_EVENT_TYPE" in have:
+        con.executemany("INSERT INTO ENUM_NSYS_EVENT_TYPE VALUES (?, ?, ?)",
+                        [(59, "NvtxPushPopRange", "NvtxPushPopRange"), (60, "NvtxStartEndRange", "NvtxStartEndRange")])
+    if "NVTX_EVENTS" in have:
+        con.executemany("INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid) VALUES (?, ?, ?, ?, ?)", nvtx)
+    if "CUPTI_ACTIVITY_KIND_RUNTIME" in have:
+        con.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?, ?, ?, ?, ?, ?, ?, NULL)", runtime)
+    if "CUPTI_ACTIVITY_KIND_KERNEL" in have:
+        con.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", kernels)
+    con.commit()
+    con.close()
+    return path
+
+
+def generate(model, inputs, path, *, record_shapes=True, orphan_kernels=2, loss_fn=None) -> str:
+    roots = record_step(model, inputs, loss_fn=loss_fn)
+    rows = build_rows(roots, record_shapes=record_shapes, orphan_kernels=orphan_kernels)
+    return write_sqlite(path, *rows)
+
+
+def main(argv=None):
+    import torch
+    import torchvision
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("model")
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--size", type=int, default=64, help="image side")
+    p.add_argument("--no-shapes", action="store_true")
+    p.add_argument("--out", required=True)
+    a = p.parse_args(argv)
+    model = getattr(torchvision.models, a.model)(weights=None)
+    generate(model, torch.randn(a.batch, 3, a.size, a.size), a.out, record_shapes=not a.no_shapes)
+    print(a.out)
+
+
+if __name__ == "__main__":
+    main()
