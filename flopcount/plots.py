@@ -14,3 +14,155 @@ def _pyplot():
     except ImportError:
         raise FlopcountError('matplotlib is not installed; install it with: pip install "flopcount[plot]"') from None
     return plt
+
+
+# --- the P100 study (issue: reproduce the P100 utilization study) -------------------------------------------------
+def _study_frame(results, kind: str):
+    import pandas as pd
+
+    f = results[(results["kind"] == kind) & (results["status"] == "ok")].copy()
+    for c in ("batch_size", "flops", "flops_forward", "utilization"):
+        f[c] = pd.to_numeric(f[c], errors="coerce")
+    return f
+
+
+def _grouped_bars(ax, table, *, log: bool = False, fmt=None):
+    """Bars of a (rows x columns) table: one group per row, one bar per column."""
+    n = max(len(table.columns), 1)
+    width = 0.8 / n
+    for j, col in enumerate(table.columns):
+        xs = [i + (j - (n - 1) / 2) * width for i in range(len(table.index))]
+        ax.bar(xs, table[col].fillna(0).tolist(), width=width, label=str(col))
+    ax.set_xticks(range(len(table.index)))
+    ax.set_xticklabels(table.index, rotation=30, ha="right", fontsize=8)
+    if log:
+        ax.set_yscale("log")
+    ax.grid(True, axis="y", lw=0.3, alpha=0.5)
+
+
+def _save(fig, path: str, plt) -> str:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_study_estimates(results, path: str) -> str:
+    """The study's first figure: forward GFLOPs per model, one bar per estimator (smallest batch of the run)."""
+    plt = _pyplot()
+    f = _study_frame(results, "count")
+    if f.empty:
+        raise FlopcountError("no counted rows to plot")
+    b0 = int(f["batch_size"].min())
+    t = f[f["batch_size"] == b0].pivot_table(index="model", columns="method", values="flops_forward",
+                                             aggfunc="first") / 1e9
+    t = t.reindex([m for m in dict.fromkeys(f["model"]) if m in t.index])
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(t) + 3), 4.2))
+    _grouped_bars(ax, t, log=True)
+    ax.set_ylabel(f"forward GFLOP (batch {b0})")
+    ax.set_title("Forward FLOPs by estimator (1 multiply-add = 2 FLOPs)", fontsize=10)
+    ax.legend(fontsize=7)
+    return _save(fig, path, plt)
+
+
+def plot_study_per_sample(results, path: str) -> str:
+    """Dispatch FLOPs (forward + backward) per sample against the batch size, one line per model: must be flat."""
+    plt = _pyplot()
+    f = _study_frame(results, "count")
+    f = f[f["method"] == "dispatch"]
+    if f.empty:
+        raise FlopcountError("no dispatch counts to plot")
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for model, g in f.groupby("model", sort=False):
+        g = g.sort_values("batch_size")
+        ax.plot(g["batch_size"], g["flops"] / g["batch_size"] / 1e9, "o-", label=model)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("GFLOP per sample (training step)")
+    ax.set_title("FLOPs per sample by batch size (dispatch counter): flat", fontsize=10)
+    ax.legend(fontsize=7)
+    ax.grid(True, which="both", lw=0.3, alpha=0.5)
+    return _save(fig, path, plt)
+
+
+def plot_study_ratios(ratios, path: str) -> str:
+    """backward/forward FLOPs per layer type (and first layer, whole model), one group per model; 1:1 and 2:1 marked."""
+    import pandas as pd
+
+    plt = _pyplot()
+    r = ratios.copy()
+    if r.empty:
+        raise FlopcountError("no ratios to plot")
+    r["batch_size"] = pd.to_numeric(r["batch_size"])
+    r["ratio"] = pd.to_numeric(r["ratio"], errors="coerce")
+    r = r[r["batch_size"] == r.groupby("model")["batch_size"].transform("min")]
+    r = r[r["level"].isin(["layer_type", "first_layer", "model"])]
+    r["name"] = r["name"].where(r["level"] == "layer_type", r["level"].map({"first_layer": "first layer",
+                                                                            "model": "whole model"}))
+    keep = ["Conv2d", "Linear", "ReLU", "ReLU6", "MaxPool2d", "Dropout", "BatchNorm2d", "first layer", "whole model"]
+    t = r.pivot_table(index="model", columns="name", values="ratio", aggfunc="first")
+    t = t[[c for c in keep if c in t.columns]].reindex([m for m in dict.fromkeys(r["model"]) if m in t.index])
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(t) + 3), 4.2))
+    _grouped_bars(ax, t)
+    for y in (1.0, 2.0):
+        ax.axhline(y, color="black", lw=0.8, ls="--")
+    ax.set_ylabel("backward FLOPs / forward FLOPs")
+    ax.set_title("Backward : forward by layer type (study: 2:1 for conv and linear, 1:1 first layer)", fontsize=10)
+    ax.legend(fontsize=7, ncol=2)
+    return _save(fig, path, plt)
+
+
+def plot_study_utilization(results, path: str, published=None) -> str:
+    """Utilization per model, one bar per (method, batch size); the study's published band shaded."""
+    plt = _pyplot()
+    f = _study_frame(results, "time")
+    if f.empty:
+        raise FlopcountError("no timed rows to plot")
+    order = {m: i for i, m in enumerate(("theory", "one", "batch", "epoch"))}
+    f = f.assign(col=[f"{m} b={b}" for m, b in zip(f["method"], f["batch_size"])],
+                 o=[(order.get(m, 9), b) for m, b in zip(f["method"], f["batch_size"])])
+    cols = [c for c, _ in sorted(dict(zip(f["col"], f["o"])).items(), key=lambda kv: kv[1])]
+    t = f.pivot_table(index="model", columns="col", values="utilization", aggfunc="first")[cols]
+    t = t.reindex([m for m in dict.fromkeys(f["model"]) if m in t.index])
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(t) + 3), 4.4))
+    if published:
+        lo, hi = published["utilization_most"]
+        ax.axhspan(lo, hi, color="tab:green", alpha=0.12, label=f"published P100 range {lo}-{hi}")
+        ax.axhline(published["utilization_outliers_below"], color="tab:red", lw=0.8, ls="--",
+                   label=f"published outliers < {published['utilization_outliers_below']}")
+    _grouped_bars(ax, t)
+    ax.set_ylabel("utilization (achieved FLOP/s / peak)")
+    dev = ", ".join(sorted(set(f["device"])))
+    ax.set_title(f"Utilization per model by method on {dev}", fontsize=10)
+    ax.legend(fontsize=7, ncol=2)
+    return _save(fig, path, plt)
+
+
+def plot_study_roofline(analyses: dict, path: str) -> str:
+    """Several models' ops on one device's roofline (model -> ``roofline.Roofline``), coloured by model and sized
+    by their share of that model's roofline time: where each model's time goes."""
+    plt = _pyplot()
+    if not analyses:
+        raise FlopcountError("no roofline analyses to plot")
+    spec = next(iter(analyses.values())).spec
+    bw, peak = float(spec.bandwidth), float(spec.peak("fp32"))
+    fig, ax = plt.subplots(figsize=(8, 5.2))
+    xs = [10 ** (-2 + 6 * i / 200) for i in range(201)]
+    ax.plot(xs, [min(peak, x * bw) for x in xs], color="black", lw=1.5,
+            label=f"{spec.name}: {peak / 1e12:g} TFLOP/s, {bw / 1e9:g} GB/s")
+    ax.axvline(peak / bw, color="grey", lw=0.6, ls=":")
+    for model, roof in analyses.items():
+        ops = roof.ops[(roof.ops["flops"] > 0) & (roof.ops["bytes"] > 0)]
+        ax.scatter(ops["intensity"], [min(peak, i * bw) for i in ops["intensity"]], alpha=0.45, edgecolors="none",
+                   s=[15 + 500 * s if s == s else 15 for s in ops["share"]],
+                   label=f"{model}: {roof.memory_bound_share:.0%} of time memory-bound, "
+                         f"{roof.seconds_per_flop * 1e18:.0f} ns/GFLOP")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP / byte)")
+    ax.set_ylabel("attainable FLOP/s")
+    ax.set_title("Training step ops on the roofline (from counting alone)", fontsize=10)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.grid(True, which="both", lw=0.3, alpha=0.5)
+    return _save(fig, path, plt)
