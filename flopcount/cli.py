@@ -134,11 +134,46 @@ def _cmd_compare(args) -> int:
 def _add_utilization(sub) -> None:
     p = sub.add_parser("utilization", help="measured FLOP/s of a training step against the device's peak")
     _model_args(p, batch_default=None)
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    p.add_argument("--dtype", default="float32", help="float32, bfloat16, float16 or float64: the model's dtype")
+    p.add_argument("--autocast", default=None, help="run the step under torch.autocast in this dtype instead")
+    p.add_argument("--device-spec", default=None, help="hold against this device's peak (see `flopcount peaks`)")
+    p.add_argument("--peak", type=float, default=None, help="hold against this peak, in FLOP/s (e.g. 9.3e12)")
+    p.add_argument("--scope", choices=("one", "batch", "epoch"), default="batch",
+                   help="one sample, one batch, or an epoch of 4 batches (total FLOPs / total time)")
+    p.add_argument("--steps", type=int, default=5, help="timed steps (the median is reported)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed warm-up steps")
     _common(p)
 
 
 def _cmd_utilization(args) -> int:
-    raise UserError("utilization is not available yet")
+    from .models import load_model
+    from .utilization import utilization
+
+    if args.batch is None and args.scope != "one":
+        raise UserError("give the batch size with --batch N")
+    device = args.device
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UserError(f"device {device!r} is not available here (no CUDA device); use --device cpu")
+    model, name = load_model(args.model, num_classes=args.num_classes, device=device)
+    with _model_errors(name, None):
+        u = utilization(model, args.batch or 1, device=device, dtype=args.dtype, autocast=args.autocast,
+                        steps=args.steps, warmup=args.warmup, peak=args.peak, device_spec=args.device_spec,
+                        scope=args.scope, input_shape=args.input_shape, model_name=name)
+    if args.format == "json":
+        _print_json(u.to_dict())
+    elif args.format == "csv":
+        import pandas as pd
+
+        row = {k: v for k, v in u.to_dict().items() if not isinstance(v, (dict, list))}
+        row.update({f"flops_{p}": v for p, v in u.flops_by_phase.items()})
+        sys.stdout.write(pd.DataFrame([row]).to_csv(index=False))
+    else:
+        print("\n".join(u.lines()))
+    return 0
 
 
 def _add_peaks(sub) -> None:
@@ -147,7 +182,21 @@ def _add_peaks(sub) -> None:
 
 
 def _cmd_peaks(args) -> int:
-    raise UserError("peaks is not available yet")
+    from .devices import list_devices
+
+    table = list_devices()
+    if args.format == "json":
+        _print_json(json.loads(table.reset_index().to_json(orient="records")))
+    elif args.format == "csv":
+        _print_frame(table, "csv")
+    else:
+        shown = table.drop(columns=["aliases", "note"])
+        for col in ("fp64", "fp32", "tf32", "fp16", "bf16", "fp16_nontensor"):
+            shown[col] = shown[col].map(lambda v: "-" if v != v else f"{v / 1e12:g}")
+        shown["bandwidth"] = shown["bandwidth"].map(lambda v: f"{v / 1e9:g}")
+        _print_frame(shown, "table", "dense peaks in TFLOP/s, bandwidth in GB/s (cpu: measured, see "
+                     "`flopcount utilization --device cpu`)")
+    return 0
 
 
 # --- nsys (issue: NVTX + Nsight Systems) --------------------------------------------------------------------------
