@@ -16,6 +16,75 @@ def _pyplot():
     return plt
 
 
+# --- roofline and intensity sweep (issue: first-principles bottleneck analysis) ------------------------------------
+def plot_roofline(roof, path: str, *, title: str = "") -> str:
+    """Log-log roofline of a ``roofline.Roofline``: each op row a point at (intensity, the FLOP/s it can reach),
+    sized by its share of the step's roofline time, coloured by family; the bandwidth slope and a flat compute
+    ceiling for each precision the ops use."""
+    import math
+
+    plt = _pyplot()
+    ops = roof.ops[(roof.ops["flops"] > 0) & (roof.ops["bytes"] > 0)]
+    bw = float(roof.spec.bandwidth)
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    if not ops.empty:
+        lo = max(min(float(ops["intensity"].min()), 0.1) / 2, 1e-3)
+        hi = max(float(ops["intensity"].max()), float(ops["ridge"].max())) * 2
+    else:
+        lo, hi = 0.01, 1e4
+    xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
+    for prec in sorted(set(roof.ops["precision"])):
+        peak = roof.spec.peak(prec)
+        ax.plot(xs, [min(peak, x * bw) for x in xs], lw=1.5, label=f"{prec} peak {peak / 1e12:g} TFLOP/s")
+        ax.axvline(peak / bw, color="grey", lw=0.6, ls=":")
+    ax.plot(xs, [x * bw for x in xs], color="black", lw=0.6, ls="--", label=f"bandwidth {bw / 1e9:g} GB/s")
+    for fam, g in ops.groupby("family"):
+        attainable = [min(p, i * bw) for p, i in zip(g["peak"], g["intensity"])]
+        sizes = [20 + 600 * s if s == s else 20 for s in g["share"]]
+        ax.scatter(g["intensity"], attainable, s=sizes, alpha=0.55, label=fam, edgecolors="none")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP / byte)")
+    ax.set_ylabel("attainable FLOP/s")
+    sp = roof.seconds_per_flop
+    ax.set_title(title or f"{roof.model} batch {roof.batch_size} on {roof.spec.name}: "
+                 f"{roof.memory_bound_share:.0%} of roofline time memory-bound"
+                 + (f", {sp * 1e12:.3g} ps/FLOP" if not math.isnan(sp) else ""), fontsize=10)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.grid(True, which="both", lw=0.3, alpha=0.5)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_intensity_sweep(sweep, path: str) -> str:
+    """Achieved FLOP/s and achieved bandwidth against r (repeats per element), log-log, the crossover marked."""
+    plt = _pyplot()
+    f = sweep.frame
+    fig, ax1 = plt.subplots(figsize=(7.5, 4.8))
+    ax1.plot(f["r"], f["flop_per_s"] / 1e9, "o-", color="tab:blue", label="achieved GFLOP/s")
+    ax1.set_xscale("log", base=2)
+    ax1.set_yscale("log")
+    ax1.set_xlabel("r: multiplies per element loaded (x = x * 2, r times, one fused kernel)")
+    ax1.set_ylabel("GFLOP/s", color="tab:blue")
+    ax2 = ax1.twinx()
+    ax2.plot(f["r"], f["bytes_per_s"] / 1e9, "s-", color="tab:red", label="achieved GB/s")
+    ax2.set_yscale("log")
+    ax2.set_ylabel("GB/s", color="tab:red")
+    ax1.axvline(sweep.crossover_r, color="grey", ls="--", lw=1)
+    ax1.annotate(f"crossover r = {sweep.crossover_r:.0f}", (sweep.crossover_r, ax1.get_ylim()[0]),
+                 textcoords="offset points", xytext=(4, 8), fontsize=8, color="grey")
+    ax1.set_title(f"intensity sweep: {sweep.size:,} x {sweep.dtype} on {sweep.device}", fontsize=10)
+    lines = ax1.get_lines()[:1] + ax2.get_lines()[:1]
+    ax1.legend(lines, [ln.get_label() for ln in lines], fontsize=8, loc="center left")
+    ax1.grid(True, which="both", lw=0.3, alpha=0.5)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 # --- the P100 study (issue: reproduce the P100 utilization study) -------------------------------------------------
 def _study_frame(results, kind: str):
     import pandas as pd
@@ -166,3 +235,31 @@ def plot_study_roofline(analyses: dict, path: str) -> str:
     ax.legend(fontsize=7, loc="lower right")
     ax.grid(True, which="both", lw=0.3, alpha=0.5)
     return _save(fig, path, plt)
+
+
+def compare_totals(table, path, title: str = ""):
+    """Grouped bars: per estimator, the forward, backward and total FLOPs of a ``flopcount.compare`` table (a phase
+    an estimator does not see has no bar)."""
+    plt = _pyplot()
+    totals = table[table["op"] == "(total)"].set_index("phase")
+    estimators = [c for c in table.columns if c not in ("op", "phase", "uncounted", "reason") and not c.startswith("rel:")]
+    groups = list(totals.index) + ["total"]
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(estimators)), 4))
+    width = 0.8 / len(groups)
+    for i, group in enumerate(groups):
+        if group == "total":
+            # a total is only comparable where the estimator sees every phase
+            values = [totals[e].sum(skipna=False) for e in estimators]
+        else:
+            values = [totals.at[group, e] for e in estimators]
+        xs = [j + (i - (len(groups) - 1) / 2) * width for j in range(len(estimators))]
+        ax.bar(xs, [v / 1e9 for v in values], width, label=group)
+    ax.set_xticks(range(len(estimators)))
+    ax.set_xticklabels(estimators, rotation=20)
+    ax.set_ylabel("GFLOP (1 FMA = 2)")
+    ax.set_title(title or "FLOPs by estimator")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

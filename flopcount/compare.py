@@ -1,0 +1,278 @@
+"""Several estimators on one model, side by side: one row per (op kind, phase), one column per estimator, each
+estimator's relative difference from the dispatch count, and in words why a row differs by more than 1%.
+
+Estimators name ops differently (aten packets, fvcore keys, module classes), so rows are *op kinds*: ``conv``,
+``linear`` (addmm/mm/linear layers), ``matmul`` (bmm, matmul, einsum outside attention), ``attention``, ``norm``,
+``pool``, ``activation``, ``softmax``, ``loss``, ``elementwise``, ``reduction``, ``memory``, ``other``. An op's kind
+comes from its name, and for ops that are not a conv or a matmul also from the type of the module that ran it
+(an ``aten.mean`` inside ``AdaptiveAvgPool2d`` is pooling; a ``bmm`` inside ``MultiheadAttention`` is attention),
+so that a per-op counter and a per-module counter land on the same row.
+"""
+from __future__ import annotations
+
+import math
+from typing import Dict, Iterable, Optional, Sequence, Union
+
+import pandas as pd
+
+from . import formulas
+from .errors import FlopcountError
+from .estimators.base import EstimatorError, get_estimator, resolve_names
+from .report import PHASES, UNCOUNTED, FlopReport
+
+REFERENCE = "dispatch"
+TOLERANCE = 0.01  # rows that differ by more than this (relative) get a reason
+TOTAL, ERROR = "(total)", "(error)"
+
+_ACTIVATIONS = {
+    "relu", "relu6", "hardtanh", "gelu", "silu", "sigmoid", "tanh", "hardswish", "hardsigmoid", "threshold", "elu",
+    "leaky_relu", "leakyrelu", "prelu", "mish", "softplus", "glu", "selu", "celu",
+}
+_ELEMENTWISE = {"add", "sub", "rsub", "mul", "div", "neg", "pow", "sqrt", "rsqrt", "exp", "log", "abs", "clamp",
+                "where", "maximum", "minimum", "addcmul", "addcdiv", "lerp", "bernoulli", "stochastic_depth",
+                "dropout", "native_dropout", "erf", "reciprocal", "square", "sign"}
+_REDUCTIONS = {"sum", "mean", "amax", "amin", "max", "min", "var", "std", "norm", "prod", "argmax", "cumsum"}
+_MODULE_KINDS = (  # (substring of the module's class name, kind); first match wins
+    ("Attention", "attention"), ("Norm", "norm"), ("Pool", "pool"),
+    ("ReLU", "activation"), ("Hardtanh", "activation"), ("GELU", "activation"), ("SiLU", "activation"),
+    ("Sigmoid", "activation"), ("Hardswish", "activation"), ("Hardsigmoid", "activation"), ("Tanh", "activation"),
+)
+
+
+def _base_name(op: str) -> str:
+    name = op.split("::")[-1]
+    for prefix in ("aten.", "nn.", "F.", "Tensor.", "torch."):
+        if name.startswith(prefix):
+            name = name[len(prefix):]
+    name = name.lower()
+    for suffix in ("_backward_data", "_backward_input", "_backward_weight", "_backward", "_forward"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    return name.strip("_")
+
+
+def op_kind(op: str, module_type: str = "") -> str:
+    """The row an op lands on: from its name, or for ops that are not a conv/matmul, from its module's type."""
+    base = _base_name(op)
+    if "attention" in base or "sdpa" in base:
+        return "attention"
+    if "conv" in base:
+        return "conv"
+    if base in ("addmm", "linear", "mm"):
+        return "linear"
+    by_name = None
+    if base in ("bmm", "baddbmm", "matmul", "einsum"):
+        by_name = "matmul"
+    elif "softmax" in base:
+        by_name = "softmax"
+    for needle, kind in _MODULE_KINDS:
+        if needle in module_type:
+            return kind
+    if by_name:
+        return by_name
+    if "norm" in base and base != "norm":
+        return "norm"
+    if "pool" in base:
+        return "pool"
+    if base in _ACTIVATIONS:
+        return "activation"
+    if "loss" in base or base.startswith("nll") or "cross_entropy" in base:
+        return "loss"
+    if base in _ELEMENTWISE:
+        return "elementwise"
+    if base in _REDUCTIONS:
+        return "reduction"
+    aten = "aten." + op.split("::")[-1].split(".")[-1] if not op.startswith("aten.") else op
+    if aten in formulas.ZERO_FLOP or base in ("empty", "zeros", "ones", "view", "t", "detach", "expand", "clone",
+                                              "copy", "cat", "flatten", "reshape", "permute", "transpose"):
+        return "memory"
+    return "other"
+
+
+def _kinds(report: FlopReport, module_types: Dict[str, str]) -> pd.DataFrame:
+    f = report.frame.copy()
+    f["kind"] = [op_kind(op, module_types.get(m, "")) for op, m in zip(f["op"], f["module"])]
+    return f
+
+
+def _names(estimators) -> list:
+    if isinstance(estimators, str):
+        names = resolve_names(estimators)
+    else:
+        names = list(estimators)
+        for n in names:
+            get_estimator(n)  # an unknown name fails here, before any model runs
+    if REFERENCE in names:
+        names.remove(REFERENCE)
+    return [REFERENCE] + names
+
+
+def _relative(est: float, ref: float) -> float:
+    if est is None or (isinstance(est, float) and math.isnan(est)):
+        return float("nan")
+    if ref == 0:
+        return 0.0 if est == 0 else float("inf")
+    return (est - ref) / ref
+
+
+def _reason(name: str, kind: str, phase: str, est: float, ref: float, uncounted: str, ref_uncounted: str,
+            report: FlopReport) -> str:
+    """Why estimator ``name`` differs from dispatch on this row, in words."""
+    if est is None or (isinstance(est, float) and math.isnan(est)):
+        return f"{name}: does not see the {phase} phase"
+    ratio = est / ref if ref else float("inf")
+    r = f"{ratio:.3g}x dispatch" if ref else "dispatch counts 0"
+    if phase == "backward" and any("2 x forward" in n for n in report.notes):
+        return f"{name}: backward assumed 2 x forward, not counted ({r})"
+    if ref == 0:
+        why = f"dispatch has no formula for {ref_uncounted}" if ref_uncounted else "dispatch counts these ops as 0"
+        return f"{name}: counts {est:,.0f} where {why}"
+    if est < ref and uncounted:
+        return f"{name}: op not supported, counted as 0: {uncounted} ({r})"
+    if est == 0:
+        return f"{name}: does not see {kind} ops (no rule for them, not listed)"
+    if kind in ("conv", "linear") and abs(ratio - 1) < 0.25:
+        if est < ref:
+            return f"{name}: bias add not counted ({r})"
+        return f"{name}: bias add counted as a multiply-add, 2 FLOPs per output element where dispatch counts 1 ({r})"
+    if kind == "attention" and ratio > 1 and name.startswith("ptflops"):
+        return f"{name}: counts nn.MultiheadAttention as one op, input and output projections included ({r})"
+    if abs(ratio - 2) < 0.05:
+        return f"{name}: MAC vs FLOP: counts one per element, which the x2 MAC conversion doubles ({r})"
+    if abs(ratio - 0.5) < 0.025:
+        return f"{name}: counts one operation per element or multiply-add where dispatch counts two ({r})"
+    if est < ref and ref_uncounted == "" and kind in ("norm", "activation", "pool", "elementwise", "softmax"):
+        return f"{name}: a per-element formula with fewer operations than dispatch's ({r})"
+    return f"{name}: a different formula for {kind} ({r})"
+
+
+def compare(model, inputs, estimators: Union[str, Sequence[str]] = (REFERENCE, "fvcore"), *,
+            model_name: str = "", progress: bool = False, **options) -> pd.DataFrame:
+    """One row per (op kind, phase), one column of FLOPs per estimator (NaN: phase not covered), ``rel:<name>``
+    columns with each estimator's relative difference from dispatch, ``uncounted`` (ops each estimator saw and could
+    not count) and ``reason`` (why a row differs by more than 1%). Rows ``(total)`` per phase close the table; an
+    estimator that failed on this model gets an ``(error)`` row and the others go on.
+
+    ``frame.attrs`` holds ``errors`` (name -> message), ``phases`` (name -> phases covered), ``native`` (name ->
+    native total per phase), ``notes`` and ``model``. Options (e.g. ``device``) go to the dispatch estimator.
+    """
+    names = _names(estimators)
+    module_types = {n: type(m).__name__ for n, m in model.named_modules()}
+    reports: Dict[str, FlopReport] = {}
+    errors: Dict[str, str] = {}
+    cache: Dict[str, FlopReport] = {}
+    iterator: Iterable[str] = names
+    if progress:
+        from tqdm import tqdm
+
+        iterator = tqdm(names, desc="estimators", leave=False)
+    for name in iterator:
+        est = get_estimator(name)
+        key = getattr(est, "cache_key", None)
+        try:
+            if key is not None and key in cache:
+                rep = cache[key]
+            else:
+                opts = dict(options) if name == REFERENCE else {}
+                rep = est.estimate(model, inputs, **opts)
+                if key is not None:
+                    cache[key] = rep
+        except Exception as exc:
+            if name == REFERENCE:  # the reference itself failed: nothing to compare against
+                if isinstance(exc, FlopcountError):
+                    raise
+                raise EstimatorError(f"dispatch failed on this model: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            errors[name] = msg if isinstance(exc, FlopcountError) else f"{type(exc).__name__}: {msg}"
+            continue
+        reports[name] = rep
+
+    kinds = {n: _kinds(r, module_types) for n, r in reports.items()}
+    flops = {n: f.groupby(["kind", "phase"])["flops"].sum() for n, f in kinds.items()}
+    unc = {}
+    for n, f in kinds.items():
+        u = f[f["status"] == UNCOUNTED].groupby(["kind", "phase", "op"])["calls"].sum()
+        unc[n] = {}
+        for (kind, phase, op), calls in u.items():
+            unc[n].setdefault((kind, phase), []).append(f"{op} x{int(calls)}")
+
+    phases = [p for p in PHASES if any(p in r.phases for r in reports.values())]
+    keys = set()
+    for n in reports:
+        keys.update(k for k in flops[n].index if flops[n][k] > 0)
+        keys.update(unc[n])
+    order = {p: i for i, p in enumerate(phases)}
+    keys = sorted((k for k in keys if k[1] in order), key=lambda k: (order[k[1]], -_ref_value(flops, k), k[0]))
+
+    rows = []
+    for kind, phase in keys:
+        rows.append(_row(kind, phase, reports, flops, unc, lambda n: flops[n].get((kind, phase), 0)))
+    for phase in phases:
+        rows.append(_row(TOTAL, phase, reports, flops, unc,
+                         lambda n, phase=phase: flops[n].xs(phase, level="phase").sum() if phase in
+                         flops[n].index.get_level_values("phase") else 0))
+    for name, msg in errors.items():
+        row = {"op": ERROR, "phase": ""}
+        row["reason"] = f"{name}: {msg}"
+        rows.append(row)
+
+    cols = ["op", "phase"] + list(reports) + [f"rel:{n}" for n in reports if n != REFERENCE] + ["uncounted", "reason"]
+    frame = pd.DataFrame(rows).reindex(columns=cols)
+    frame["uncounted"] = frame["uncounted"].fillna("")
+    frame["reason"] = frame["reason"].fillna("")
+    frame.attrs.update({
+        "model": model_name or type(model).__name__,
+        "estimators": names,
+        "errors": errors,
+        "phases": {n: list(r.phases) for n, r in reports.items()},
+        "native": {n: _native(r) for n, r in reports.items()},
+        "notes": {n: list(r.notes) for n, r in reports.items()},
+        "batch_size": reports[REFERENCE].batch_size,
+    })
+    return frame
+
+
+def _ref_value(flops, key) -> float:
+    return float(flops[REFERENCE].get(key, 0))
+
+
+def _native(report: FlopReport) -> dict:
+    col = "native" if "native" in report.frame.columns else "flops"
+    return {p: int(report.frame.loc[report.frame["phase"] == p, col].sum()) for p in report.phases}
+
+
+def _row(kind, phase, reports, flops, unc, value) -> dict:
+    row = {"op": kind, "phase": phase}
+    ref = float(value(REFERENCE))
+    reasons, gaps = [], []
+    for n, rep in reports.items():
+        if phase not in rep.phases:
+            row[n] = float("nan")
+        else:
+            row[n] = float(value(n))
+        if kind == TOTAL:
+            count = sum(len(v) for (k, p), v in unc[n].items() if p == phase)
+            if count:
+                gaps.append(f"{n}: {count} op(s), see the rows above")
+        elif (kind, phase) in unc[n]:
+            gaps.append(f"{n}: {', '.join(unc[n][(kind, phase)])}")
+        if n == REFERENCE:
+            continue
+        rel = _relative(row[n], ref)
+        row[f"rel:{n}"] = rel
+        if kind != TOTAL and (math.isnan(rel) or abs(rel) > TOLERANCE):
+            reasons.append(_reason(n, kind, phase, row[n], ref, ", ".join(unc[n].get((kind, phase), [])),
+                                   ", ".join(unc[REFERENCE].get((kind, phase), [])), rep))
+        elif kind == TOTAL and (math.isnan(rel) or abs(rel) > TOLERANCE):
+            reasons.append(f"{n}: does not see the {phase} phase" if math.isnan(rel) else f"{n}: see the rows above")
+    row["uncounted"] = "; ".join(gaps)
+    row["reason"] = "; ".join(reasons)
+    return row
+
+
+def to_json(frame: pd.DataFrame) -> dict:
+    """The compare table as one JSON-ready document (NaN and infinity become null)."""
+    import json
+
+    records = json.loads(frame.to_json(orient="records"))
+    return {**{k: v for k, v in frame.attrs.items()}, "rows": records}
