@@ -91,6 +91,8 @@ class ProfilerEstimator:
         inputs = peer_inputs(model, inputs, self.name)
         acc = defaultdict(lambda: [0, 0])
         grads = {p: p.grad for p in model.parameters()}  # the caller's gradients survive our backward
+        for p in grads:
+            p.grad = None  # else backward would accumulate into the caller's tensors in place
         try:
             with untouched(model), _quiet_stderr():
                 with torch.enable_grad():
