@@ -122,12 +122,49 @@ def _cmd_count(args) -> int:
 def _add_compare(sub) -> None:
     p = sub.add_parser("compare", help="FLOPs by several estimators, op x estimator, differences explained")
     _model_args(p)
-    p.add_argument("--estimators", default="all", help="all, or a comma-separated list")
+    p.add_argument("--estimators", default="all", help="all, or a comma-separated list (dispatch is always included)")
+    p.add_argument("--plot", default=None, metavar="OUT.png", help="also write a bar chart of the totals")
     _common(p)
 
 
 def _cmd_compare(args) -> int:
-    raise UserError("compare is not available yet")
+    import torch
+
+    from .compare import compare, to_json
+    from .estimators.base import resolve_names
+    from .models import example_inputs, load_model
+
+    names = resolve_names(args.estimators)
+    model, name = load_model(args.model, num_classes=args.num_classes, device="cpu")
+    inputs = example_inputs(model, name, batch=args.batch, input_shape=args.input_shape, device="cpu")
+    if isinstance(inputs, torch.Tensor) and inputs.dtype.is_floating_point:
+        inputs.normal_(generator=torch.Generator().manual_seed(0))  # real values: the peers run the model
+    with _model_errors(name, inputs):
+        table = compare(model, inputs, estimators=names, model_name=name)
+    for est, msg in table.attrs["errors"].items():
+        _warn(f"estimator {est} failed, the others are compared: {msg}")
+    if args.plot:
+        from .plots import compare_totals
+
+        compare_totals(table, args.plot, title=f"{name}, batch {args.batch}")
+    if args.format == "json":
+        _print_json(to_json(table))
+    elif args.format == "csv":
+        sys.stdout.write(table.to_csv(index=False))
+    else:
+        print(f"{name}  batch={table.attrs['batch_size']}  FLOPs (1 FMA = 2) by op kind; rel: relative to dispatch")
+        shown = table.drop(columns=["uncounted", "reason"])
+        for col in shown.columns[2:]:
+            if col.startswith("rel:"):
+                shown[col] = shown[col].map(lambda v: "" if v != v else f"{v:+.1%}")
+            else:
+                shown[col] = shown[col].round().astype("Int64")
+        _print_frame(shown, "table")
+        for _, row in table.iterrows():
+            for label in ("uncounted", "reason"):
+                if row[label]:
+                    print(f"{row['op']} {row['phase']} {label}: {row[label]}")
+    return 0
 
 
 # --- utilization (issue: Utilization) ----------------------------------------------------------------------------
@@ -227,21 +264,125 @@ def _add_roofline(sub) -> None:
     p = sub.add_parser("roofline", help="per-op intensity against a device's ridge point")
     _model_args(p)
     p.add_argument("--device-spec", required=True, help="device name from `flopcount peaks`")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16", "float64"), default="float32",
+                   help="dtype of the model and its input")
+    p.add_argument("--tf32", action="store_true", help="fp32 matmuls and convolutions run as TF32 (where the device has it)")
+    p.add_argument("--by", choices=("family", "op", "module", "phase"), default="family", help="table grouping")
+    p.add_argument("--measured", type=float, default=None, metavar="SECONDS",
+                   help="a measured step time: the share the roofline does not explain (overhead, inefficiency)")
+    p.add_argument("--plot", default=None, metavar="OUT.png", help="write a log-log roofline plot of the ops")
     _common(p)
 
 
 def _cmd_roofline(args) -> int:
-    raise UserError("roofline is not available yet")
+    import torch
+
+    from . import count as count_flops
+    from .devices import get_device
+    from .models import example_inputs, load_model
+    from .roofline import analyze
+
+    spec = get_device(args.device_spec)
+    if args.measured is not None and not args.measured > 0:
+        raise UserError(f"--measured must be a positive time in seconds, not {args.measured}")
+    dtype = getattr(torch, args.dtype)
+    model, name = load_model(args.model, num_classes=args.num_classes, device="meta")
+    model = model.to(dtype)
+    inputs = example_inputs(model, name, batch=args.batch, input_shape=args.input_shape, dtype=dtype)
+    with _model_errors(name, inputs):
+        report = count_flops(model, inputs)
+    report.model = name
+    roof = analyze(report, spec, allow_tf32=args.tf32, measured_seconds=args.measured)
+    table = roof.by(args.by)
+    s = roof.summary()
+    if args.plot:
+        from .plots import plot_roofline
+
+        plot_roofline(roof, args.plot)
+    if args.format == "json":
+        doc = dict(s, by=args.by, groups=json.loads(table.reset_index().to_json(orient="records")),
+                   ops=json.loads(roof.ops.to_json(orient="records")))
+        _print_json(doc)
+        return 0
+    if args.format == "csv":
+        _print_frame(table, "csv")
+        return 0
+    ridges = ", ".join(f"{p} {spec.peak(p) / spec.bandwidth:.1f}" for p in sorted(set(roof.ops["precision"])))
+    print(f"{name}  batch={report.batch_size}  {args.dtype}  on {spec.name} "
+          f"({spec.bandwidth / 1e9:g} GB/s; ridge point FLOP/byte: {ridges})")
+    print(f"  FLOPs {roof.flops:,}  bytes {roof.bytes:,}  roofline time {roof.seconds * 1e3:.3f} ms  "
+          f"= {roof.seconds_per_flop * 1e12:.4g} ps per FLOP")
+    print(f"  memory-bound share of roofline time {roof.memory_bound_share:.1%}  "
+          f"utilization ceiling {roof.utilization_ceiling:.1%} of peak")
+    if roof.measured_seconds is not None:
+        print(f"  measured {roof.measured_seconds * 1e3:.3f} ms: {roof.unexplained_seconds * 1e3:.3f} ms "
+              f"({roof.unexplained_share:.1%}) is neither compute nor bandwidth (overhead, inefficiency)")
+    shown = table.assign(flops=table["flops"] / 1e9, bytes=table["bytes"] / 1e6, t_compute=table["t_compute"] * 1e3,
+                         t_memory=table["t_memory"] * 1e3, t_roofline=table["t_roofline"] * 1e3)
+    shown = shown.rename(columns={"flops": "GFLOP", "bytes": "MB", "t_compute": "compute_ms", "t_memory": "memory_ms",
+                                  "t_roofline": "roofline_ms"})
+    import pandas as pd
+
+    with pd.option_context("display.float_format", lambda v: f"{v:.4g}"):
+        _print_frame(shown, "table")
+    for note in roof.notes:
+        _warn(note)
+    if args.plot:
+        print(f"wrote {args.plot}")
+    return 0
 
 
 def _add_overhead(sub) -> None:
     p = sub.add_parser("overhead", help="time per step along a batch ladder: is the model overhead-bound?")
-    p.add_argument("model")
+    p.add_argument("model", help="torchvision name (resnet50), path/to/file.py:factory or package.module:attr")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--batches", default="1,2,4,8,16", help="the batch ladder, increasing (doublings: 1,2,4,...)")
+    p.add_argument("--threshold", type=float, default=0.10,
+                   help="overhead-bound where doubling the batch adds less than this fraction of the step time")
+    p.add_argument("--steps", type=int, default=5, help="timed steps per batch (the median is kept)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    p.add_argument("--input-shape", default=None, help="per-sample input shape, e.g. 3,224,224")
+    p.add_argument("--num-classes", type=int, default=None, help="classes of a torchvision classifier")
     _common(p)
 
 
 def _cmd_overhead(args) -> int:
-    raise UserError("overhead is not available yet")
+    import torch
+
+    from .models import load_model
+    from .roofline import overhead_ladder, parse_batches, step_timer
+
+    batches = parse_batches(args.batches)
+    device = str(args.device)
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError("--device cuda, but no CUDA device is available here; use --device cpu")
+    if not device.startswith(("cpu", "cuda")):
+        raise UserError(f"unknown device {device!r}; use cpu or cuda")
+    model, name = load_model(args.model, num_classes=args.num_classes, device=device)
+    timer = step_timer(model, name, device=device, input_shape=args.input_shape, steps=args.steps, warmup=args.warmup)
+
+    def timed(batch):
+        with _model_errors(name, torch.empty((batch,))):
+            return timer(batch)
+
+    res = overhead_ladder(timed, batches, threshold=args.threshold, model=name, device=device)
+    if args.format == "json":
+        _print_json({"model": name, "device": device, "threshold": args.threshold, "verdict": res.verdict,
+                     "overhead_bound_up_to": res.overhead_bound_up_to, "notes": res.notes,
+                     "ladder": json.loads(res.frame.to_json(orient="records"))})
+        return 0
+    if args.format == "csv":
+        _print_frame(res.frame.set_index("batch"), "csv")
+        return 0
+    import pandas as pd
+
+    print(f"{name} on {device}: training step time along the batch ladder ({args.steps} timed steps each, median)")
+    with pd.option_context("display.float_format", lambda v: f"{v:.4g}"):
+        _print_frame(res.frame.set_index("batch"), "table")
+    print(res.verdict)
+    for note in res.notes:
+        print(f"note: {note}")
+    return 0
 
 
 # --- study (issue: Reproduce the P100 utilization study) ----------------------------------------------------------
