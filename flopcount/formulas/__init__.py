@@ -30,7 +30,7 @@ import torch
 
 __all__ = [
     "FLOP_FORMULAS", "ZERO_FLOP", "VIEW", "MEMORY", "register", "register_zero",
-    "lookup", "numel", "op_family", "FAMILY",
+    "lookup", "numel", "op_family", "FAMILY", "first_shape", "is_shape", "existing",
 ]
 
 Formula = Callable[..., Union[int, tuple]]
@@ -79,6 +79,23 @@ def numel(shape) -> int:
     for d in shape:
         n *= int(d)
     return n
+
+
+def is_shape(x) -> bool:
+    """Whether a formula argument stood for a tensor (tensors reach formulas as ``torch.Size``)."""
+    return isinstance(x, torch.Size)
+
+
+def first_shape(shape):
+    """The size of an op's first output (``out_shape`` is a tuple of sizes when the op returns several)."""
+    if isinstance(shape, (tuple, list)) and not isinstance(shape, torch.Size):
+        return first_shape(shape[0]) if shape else None
+    return shape
+
+
+def existing(*names: str) -> list:
+    """``aten.<name>`` for those of ``names`` that are ops in this torch build (backend ops come and go)."""
+    return [f"aten.{n}" for n in names if hasattr(torch.ops.aten, n)]
 
 
 # The families register themselves on import; keep this list in step with the modules of this package.

@@ -1,1 +1,185 @@
-"""Formulas: attention (being written)."""
+"""Formulas: fused scaled-dot-product attention kernels (flash, memory-efficient, cuDNN, the CPU flash kernel).
+
+Notation: batch B, query heads H, query length Lq, key length Lk, head dim E (queries and keys), Ev (values).
+One *score* is one element of the Lq x Lk matrix ``S = Q K^T``. The unfused (math) path needs nothing here: it
+reaches the dispatcher as ``bmm``, ``_softmax`` (or ``_safe_softmax``), pointwise ops and their backwards.
+
+Forward, per score: ``S = Q K^T`` (2 E), softmax (5: max, subtract, exp, sum, divide, as ``_softmax`` in
+``reduction.py``; the ``scale`` is folded into it and not counted), ``O = P V`` (2 Ev)::
+
+    forward = B * H * scores * (2 E + 2 Ev + 5)          (= 4 B H Lq Lk E + softmax, when Ev = E)
+
+Backward (the kernels recompute P from the saved log-sum-exp rather than store it), per score: recompute
+``S = Q K^T`` (2 E) and ``P = exp(scale * S - lse)`` (3), ``dV += P^T dO`` (2 Ev), ``dP = dO V^T`` (2 Ev),
+``dS = P * (dP - D)`` (2), ``dQ += dS K`` (2 E), ``dK += dS^T Q`` (2 E); and, per query row,
+``D = rowsum(dO * O)`` (2 Ev)::
+
+    backward = B * H * (scores * (6 E + 4 Ev + 5) + Lq * 2 Ev)
+
+Five matmuls against the forward's two: with E = Ev the matmul work is 2.5 x the forward's. The softmax term is 5
+per score in both directions (3 for the recomputed P and 2 for dS).
+
+``scores`` is ``Lq * Lk``, except with ``is_causal=True``, where only the scores on or below the diagonal are
+computed and counted: query i sees keys ``j <= i`` (PyTorch's top-left aligned causal mask), so
+``scores = sum_i min(i + 1, Lk)``, which is ``L (L + 1) / 2`` for Lq = Lk = L. (The memory-efficient kernel's
+bottom-right variant, ``custom_mask_type = 2``, aligns the diagonal to the last key instead.)
+
+Extras, per score and in each direction: an explicit ``attn_mask``/``attn_bias`` adds 1 (an add or a select);
+dropout (``dropout_p > 0``) adds 2 (mask multiply and rescale), as ``native_dropout`` does.
+
+The ``_scaled_dot_product_*`` ops take (B, H, L, E) tensors; ``_flash_attention_*`` and ``_efficient_attention_*``
+take (B, L, H, E). Variable-length (packed) batches, (total_tokens, H, E) with ``cum_seq_q``, cannot be counted
+from shapes alone and are refused (the op is then reported as uncounted, never as zero).
+"""
+from __future__ import annotations
+
+from . import is_shape, register
+from .reduction import SOFTMAX
+
+BACKWARD_SOFTMAX = 5  # recompute P (3) + dS (2)
+MASK = 1
+DROPOUT = 2
+
+
+def causal_scores(lq: int, lk: int, bottom_right: bool = False) -> int:
+    """Number of (query, key) pairs a causal mask keeps."""
+    shift = lk - lq if bottom_right else 0
+    return sum(min(max(i + 1 + shift, 0), lk) for i in range(lq))
+
+
+def _scores(lq: int, lk: int, causal) -> int:
+    if not causal:
+        return lq * lk
+    return causal_scores(lq, lk, bottom_right=(causal == "bottom_right"))
+
+
+def attention_forward(b, h, lq, lk, e, ev, causal=False, mask=False, dropout=False) -> int:
+    per_score = 2 * e + 2 * ev + SOFTMAX + MASK * bool(mask) + DROPOUT * bool(dropout)
+    return b * h * _scores(lq, lk, causal) * per_score
+
+
+def attention_backward(b, h, lq, lk, e, ev, causal=False, mask=False, dropout=False) -> int:
+    per_score = 6 * e + 4 * ev + BACKWARD_SOFTMAX + MASK * bool(mask) + DROPOUT * bool(dropout)
+    return b * h * (_scores(lq, lk, causal) * per_score + lq * 2 * ev)
+
+
+def _check_4d(q):
+    # packed variable-length batches come as (total_tokens, H, E): their per-sequence lengths are not in the shapes
+    if len(q) != 4:
+        raise ValueError(f"attention on a {len(q)}-d query (a packed variable-length batch?) cannot be counted from shapes")
+
+
+def _bhle(q, k, v):
+    """(B, H, L, E) layout: batch, heads, query and key lengths, query and value head dims."""
+    _check_4d(q)
+    return int(q[0]), int(q[1]), int(q[2]), int(k[2]), int(q[3]), int(v[3])
+
+
+def _blhe(q, k, v):
+    """(B, L, H, E) layout of the flash / memory-efficient kernels."""
+    _check_4d(q)
+    return int(q[0]), int(q[2]), int(q[1]), int(k[1]), int(q[3]), int(v[3])
+
+
+# --- the _scaled_dot_product_* family: (B, H, L, E) ---------------------------------------------------------------
+
+@register("aten._scaled_dot_product_flash_attention_for_cpu", family="attention")
+def sdpa_flash_cpu(q, k, v, dropout_p=0.0, is_causal=False, *_, attn_mask=None, out_shape=None, **__):
+    return attention_forward(*_bhle(q, k, v), is_causal, is_shape(attn_mask), dropout_p > 0)
+
+
+@register("aten._scaled_dot_product_flash_attention_for_cpu_backward", family="attention")
+def sdpa_flash_cpu_backward(grad_out, q, k, v, out, lse, dropout_p=0.0, is_causal=False, *_, attn_mask=None,
+                            out_shape=None, **__):
+    return attention_backward(*_bhle(q, k, v), is_causal, is_shape(attn_mask), dropout_p > 0)
+
+
+@register("aten._scaled_dot_product_flash_attention", family="attention")
+def sdpa_flash(q, k, v, *args, out_shape=None, **__):
+    if args and (args[0] is None or is_shape(args[0])):  # the .quantized overload: q/k/v descales come first
+        args = args[3:]
+    dropout_p = args[0] if len(args) > 0 else 0.0
+    is_causal = args[1] if len(args) > 1 else False
+    return attention_forward(*_bhle(q, k, v), is_causal, False, dropout_p > 0)
+
+
+@register("aten._scaled_dot_product_flash_attention_backward", family="attention")
+def sdpa_flash_backward(grad_out, q, k, v, out, lse, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, *_,
+                        out_shape=None, **__):
+    return attention_backward(*_bhle(q, k, v), is_causal, False, dropout_p > 0)
+
+
+@register("aten._scaled_dot_product_efficient_attention", family="attention")
+def sdpa_efficient(q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, *_, out_shape=None, **__):
+    return attention_forward(*_bhle(q, k, v), is_causal, is_shape(attn_bias), dropout_p > 0)
+
+
+@register("aten._scaled_dot_product_efficient_attention_backward", family="attention")
+def sdpa_efficient_backward(grad_out, q, k, v, attn_bias, out, lse, seed, offset, dropout_p, grad_input_mask,
+                            is_causal=False, *_, out_shape=None, **__):
+    return attention_backward(*_bhle(q, k, v), is_causal, is_shape(attn_bias), dropout_p > 0)
+
+
+@register("aten._scaled_dot_product_cudnn_attention", family="attention")
+def sdpa_cudnn(q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, *_, out_shape=None, **__):
+    return attention_forward(*_bhle(q, k, v), is_causal, is_shape(attn_bias), dropout_p > 0)
+
+
+@register("aten._scaled_dot_product_cudnn_attention_backward", family="attention")
+def sdpa_cudnn_backward(grad_out, q, k, v, out, lse, seed, offset, attn_bias, cum_seq_q, cum_seq_k, max_q, max_k,
+                        dropout_p, is_causal, *_, out_shape=None, **__):
+    return attention_backward(*_bhle(q, k, v), is_causal, is_shape(attn_bias), dropout_p > 0)
+
+
+@register("aten._scaled_dot_product_fused_attention_overrideable", family="attention")
+def sdpa_overrideable(q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False, *_, out_shape=None, **__):
+    return attention_forward(*_bhle(q, k, v), is_causal, is_shape(attn_bias), dropout_p > 0)
+
+
+@register("aten._scaled_dot_product_fused_attention_overrideable_backward", family="attention")
+def sdpa_overrideable_backward(grad_out, q, k, v, attn_bias, grad_input_mask, out, lse, cum_seq_q, cum_seq_k, max_q,
+                               max_k, dropout_p, is_causal, *_, out_shape=None, **__):
+    return attention_backward(*_bhle(q, k, v), is_causal, is_shape(attn_bias), dropout_p > 0)
+
+
+@register("aten._cudnn_attention_forward", family="attention")
+def cudnn_attention_forward(q, k, v, attn_bias, cum_seq_q, cum_seq_k, max_q, max_k, compute_log_sumexp,
+                            dropout_p=0.0, is_causal=False, *_, out_shape=None, **__):
+    return attention_forward(*_bhle(q, k, v), is_causal, is_shape(attn_bias), dropout_p > 0)
+
+
+@register("aten._cudnn_attention_backward", family="attention")
+def cudnn_attention_backward(grad_out, q, k, v, out, lse, seed, offset, attn_bias, cum_seq_q, cum_seq_k, max_q,
+                             max_k, dropout_p, is_causal, *_, out_shape=None, **__):
+    return attention_backward(*_bhle(q, k, v), is_causal, is_shape(attn_bias), dropout_p > 0)
+
+
+# --- the kernels' own entry points: (B, L, H, E) ------------------------------------------------------------------
+
+@register("aten._flash_attention_forward", family="attention")
+def flash_forward(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, *_, out_shape=None, **__):
+    return attention_forward(*_blhe(q, k, v), is_causal, False, dropout_p > 0)
+
+
+@register("aten._flash_attention_backward", family="attention")
+def flash_backward(grad_out, q, k, v, out, lse, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, *_,
+                   out_shape=None, **__):
+    return attention_backward(*_blhe(q, k, v), is_causal, False, dropout_p > 0)
+
+
+def _custom_mask(custom_mask_type):
+    return {0: False, 1: True, 2: "bottom_right"}.get(int(custom_mask_type or 0), True)
+
+
+@register("aten._efficient_attention_forward", family="attention")
+def efficient_forward(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                      custom_mask_type, *_, out_shape=None, **__):
+    return attention_forward(*_blhe(q, k, v), _custom_mask(custom_mask_type), is_shape(bias),
+                             dropout_p > 0)
+
+
+@register("aten._efficient_attention_backward", family="attention")
+def efficient_backward(grad_out, q, k, v, bias, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, lse,
+                       dropout_p, seed, offset, custom_mask_type, *_, out_shape=None, **__):
+    return attention_backward(*_blhe(q, k, v), _custom_mask(custom_mask_type), is_shape(bias),
+                              dropout_p > 0)

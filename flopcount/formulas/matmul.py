@@ -1,1 +1,100 @@
-"""Formulas: matmul (being written)."""
+"""Formulas: matrix products.
+
+Convention: one multiply-add (FMA) is 2 FLOPs, so ``(m, k) @ (k, n)`` is ``2 m k n``: ``m n k`` multiplies and,
+counting the first product of each dot product as an add into zero, ``m n k`` adds. A dot product of length k is
+therefore ``2 k``. Bias and scaling terms are extra pointwise work and are counted:
+
+* ``addmm``/``baddbmm``/``addmv``/``addbmm``/``addr``: ``+ 1`` per output element for adding ``self`` (the bias),
+  unless ``beta == 0`` (then ``self`` is ignored); ``+ 1`` per output element when ``beta`` is neither 0 nor 1
+  (scaling ``self``), and ``+ 1`` when ``alpha != 1`` (scaling the product).
+* ``_addmm_activation``: addmm plus the activation's pointwise cost (relu 1, gelu 9 as in ``pointwise.py``).
+
+``nn.Linear``, ``torch.matmul`` and ``torch.einsum`` are not ops of their own at this level: they reach the
+dispatcher as ``mm``/``addmm``/``bmm`` (plus views), and are counted as those.
+"""
+from __future__ import annotations
+
+from . import numel, register
+
+
+def _scale_terms(out_elems: int, beta=1, alpha=1, has_self: bool = True) -> int:
+    extra = 0
+    if has_self and beta != 0:
+        extra += out_elems  # the bias add
+        if beta != 1:
+            extra += out_elems
+    if alpha != 1:
+        extra += out_elems
+    return extra
+
+
+@register("aten.mm", family="matmul")
+def mm(a, b, *_, out_shape=None, **__):
+    m, k = a
+    n = b[1]
+    return 2 * m * k * n
+
+
+@register("aten.bmm", family="matmul")
+def bmm(a, b, *_, out_shape=None, **__):
+    bat, m, k = a
+    n = b[2]
+    return 2 * bat * m * k * n
+
+
+@register("aten.addmm", family="matmul")
+def addmm(bias, a, b, *_, beta=1, alpha=1, out_shape=None, **__):
+    m, k = a
+    n = b[1]
+    return 2 * m * k * n + _scale_terms(m * n, beta, alpha)
+
+
+@register("aten._addmm_activation", family="matmul")
+def addmm_activation(bias, a, b, *_, beta=1, alpha=1, use_gelu=False, out_shape=None, **__):
+    m, n = a[0], b[1]
+    # gelu here is the tanh approximation (as cuBLASLt's epilogue computes it); see pointwise.COST
+    return addmm(bias, a, b, beta=beta, alpha=alpha) + m * n * (9 if use_gelu else 1)
+
+
+@register("aten.baddbmm", family="matmul")
+def baddbmm(bias, a, b, *_, beta=1, alpha=1, out_shape=None, **__):
+    bat, m, k = a
+    n = b[2]
+    return 2 * bat * m * k * n + _scale_terms(bat * m * n, beta, alpha)
+
+
+@register("aten.addbmm", family="matmul")
+def addbmm(bias, a, b, *_, beta=1, alpha=1, out_shape=None, **__):
+    # the sum over the batch is part of the FMA chain: b*m*n dot products of length k, accumulated together
+    bat, m, k = a
+    n = b[2]
+    return 2 * bat * m * k * n + _scale_terms(m * n, beta, alpha)
+
+
+@register("aten.mv", family="matmul")
+def mv(a, v, *_, out_shape=None, **__):
+    m, k = a
+    return 2 * m * k
+
+
+@register("aten.addmv", family="matmul")
+def addmv(bias, a, v, *_, beta=1, alpha=1, out_shape=None, **__):
+    m, k = a
+    return 2 * m * k + _scale_terms(m, beta, alpha)
+
+
+@register("aten.dot", "aten.vdot", family="matmul")
+def dot(a, b, *_, out_shape=None, **__):
+    return 2 * numel(a)
+
+
+@register("aten.addr", family="matmul")
+def addr(bias, v1, v2, *_, beta=1, alpha=1, out_shape=None, **__):
+    # an outer product is one multiply per output element (no accumulation)
+    mn = numel(v1) * numel(v2)
+    return mn + _scale_terms(mn, beta, alpha)
+
+
+@register("aten.outer", "aten.ger", family="matmul")
+def outer(v1, v2, *_, out_shape=None, **__):
+    return numel(v1) * numel(v2)
