@@ -190,6 +190,7 @@ def effective_peak(flops_by_precision: Mapping[str, float], spec: DeviceSpec) ->
     """
     total = 0.0
     seconds = 0.0
+    used = set()
     for prec, flops in flops_by_precision.items():
         flops = float(flops)
         if flops < 0:
@@ -200,8 +201,11 @@ def effective_peak(flops_by_precision: Mapping[str, float], spec: DeviceSpec) ->
             prec = "fp32"
         total += flops
         seconds += flops / spec.peak(prec)
+        used.add(prec)
     if total == 0:
         raise ValueError("no FLOPs to take an effective peak of")
+    if len(used) == 1:
+        return spec.peak(used.pop())  # exactly the table's figure, without a division's rounding
     return total / seconds
 
 

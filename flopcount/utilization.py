@@ -197,8 +197,7 @@ def precision_mix(report: FlopReport, *, tf32: Optional[Dict[str, bool]] = None)
     return mix
 
 
-def resolve_peak(mix: Dict[str, float], *, device: torch.device, peak=None, device_spec=None,
-                 cpu_probe=None) -> Tuple[float, str, Optional[DeviceSpec]]:
+def resolve_peak(mix: Dict[str, float], *, device: torch.device, peak=None, device_spec=None) -> Tuple[float, str, Optional[DeviceSpec]]:
     """(peak FLOP/s, its source, the spec it came from or None): ``peak`` > ``device_spec`` > the device itself."""
     if peak is not None:
         try:
@@ -220,7 +219,7 @@ def resolve_peak(mix: Dict[str, float], *, device: torch.device, peak=None, devi
                 "`flopcount peaks` with --device-spec NAME, or the peak itself with --peak FLOPS") from None
     elif device.type == "cpu":
         dtypes = sorted({_PRECISION_DTYPE[p] for p in mix if p in _PRECISION_DTYPE} or {"float32"})
-        spec = devices.cpu_spec(dtypes, probe=cpu_probe) if cpu_probe else devices.cpu_spec(dtypes)
+        spec = devices.cpu_spec(dtypes)
     else:
         raise devices.UnknownDevice(f"no peak is known for device {str(device)!r}; give it with --peak FLOPS")
     value = effective_peak(mix, spec) if mix else spec.peak("fp32")
@@ -254,8 +253,7 @@ def world_size() -> int:
 # --- the measurement ----------------------------------------------------------------------------------------------
 def utilization(model, batch, *, device=None, dtype=None, steps: int = 5, warmup: int = 2, peak=None,
                 device_spec=None, scope: str = "batch", loader=None, loss_fn=None, optimizer=None, target=None,
-                autocast=None, input_shape=None, model_name: str = "", clock=None, cuda=None,
-                cpu_probe=None) -> Utilization:
+                autocast=None, input_shape=None, model_name: str = "", clock=None, cuda=None) -> Utilization:
     """Measure the utilization of ``model``'s training step (forward, loss, backward, optimizer step).
 
     The model is trained for the warm-up and timed steps (SGD lr=0.01 unless ``optimizer`` is given): pass a copy
@@ -296,10 +294,11 @@ def utilization(model, batch, *, device=None, dtype=None, steps: int = 5, warmup
         return _epoch(model, batch, loader, dev=dev, dtype=dtype, dtype_name=dtype_name, warmup=warmup,
                       loss_fn=loss_fn, optimizer=optimizer, autocast=autocast, amp=amp, tf32=tf32, peak=peak,
                       device_spec=device_spec, model_name=model_name, input_shape=input_shape, clock=clock,
-                      cuda=cuda, cpu_probe=cpu_probe)
+                      cuda=cuda)
 
-    inputs = make_inputs(model, batch, name=model_name, device=dev, dtype=dtype, scope=scope,
-                         input_shape=input_shape)
+    with timing.oom_as_error("making the input batch"):
+        inputs = make_inputs(model, batch, name=model_name, device=dev, dtype=dtype, scope=scope,
+                             input_shape=input_shape)
     if target is not None and scope == "one":
         target = _first_sample(target)
     loss = timing.make_loss(loss_fn, target)
@@ -307,8 +306,7 @@ def utilization(model, batch, *, device=None, dtype=None, steps: int = 5, warmup
     _note_uncounted(report, notes)
     mix = precision_mix(report, tf32=tf32)
     # the peak is settled before any timing: an unknown device fails in a second, not after a minute of steps
-    peak_flops, source, spec = resolve_peak(mix, device=dev, peak=peak, device_spec=device_spec,
-                                            cpu_probe=cpu_probe)
+    peak_flops, source, spec = resolve_peak(mix, device=dev, peak=peak, device_spec=device_spec)
 
     run = timing.train_step_fn(model, loss=loss, optimizer=optimizer)
 
@@ -342,7 +340,7 @@ def _synthetic_loader(model, batch, *, name, dtype, input_shape, batches: int = 
 
 
 def _epoch(model, batch, loader, *, dev, dtype, dtype_name, warmup, loss_fn, optimizer, autocast, amp, tf32,
-           peak, device_spec, model_name, input_shape, clock, cuda, cpu_probe) -> Utilization:
+           peak, device_spec, model_name, input_shape, clock, cuda) -> Utilization:
     if loader is None:
         loader = _synthetic_loader(model, batch, name=model_name, dtype=dtype, input_shape=input_shape)
     seen: List[tuple] = []
@@ -374,8 +372,7 @@ def _epoch(model, batch, loader, *, dev, dtype, dtype_name, warmup, loss_fn, opt
             mix[prec] = mix.get(prec, 0.0) + v
     for report in counted.values():
         _note_uncounted(report, notes)
-    peak_flops, source, spec = resolve_peak(mix, device=dev, peak=peak, device_spec=device_spec,
-                                            cpu_probe=cpu_probe)
+    peak_flops, source, spec = resolve_peak(mix, device=dev, peak=peak, device_spec=device_spec)
     n = len(seen)
     notes.append(f"epoch: {n} steps, {samples} samples in {seconds:.4g} s (loading and transfer included)")
     return _finish(phases={p: v / n for p, v in phases.items()}, nbytes=nbytes / n, seconds=seconds / n,
@@ -410,6 +407,9 @@ def _finish(*, phases, nbytes, seconds, spread, times, peak_flops, source, spec,
     achieved = flops / seconds
     achieved_bw = nbytes / seconds
     bandwidth = bandwidth if bandwidth > 0 else None
+    if achieved > peak_flops:
+        notes.append("utilization above 1: the peak is too low for this work (wrong device or precision?) or "
+                     "FLOPs are counted that the device does not execute")
     if ranks > 1:
         source = f"{ranks} x {source}"
         notes.append(f"{ranks} processes: FLOPs, bytes and peaks summed over ranks; seconds are the slowest rank's "
