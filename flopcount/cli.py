@@ -245,7 +245,29 @@ def _add_nsys(sub) -> None:
 
 
 def _cmd_nsys(args) -> int:
-    raise UserError("nsys is not available yet")
+    from .estimators.nvtx import analyze
+
+    a = analyze(args.profile, naive=args.naive)
+    ops = a.ops.set_index(["op", "phase"])
+    if args.format == "json":
+        doc = a.report.to_dict() if a.report is not None else {"flops": None}
+        doc.update({"profile": args.profile, "has_shapes": a.has_shapes, "kernels": a.kernels,
+                    "kernels_unlaunched": a.kernels_unlaunched, "gpu_seconds": a.gpu_seconds(),
+                    "notes": a.notes, "per_op": json.loads(a.ops.to_json(orient="records"))})
+        _print_json(doc)
+        return 0
+    if args.format == "csv":
+        _print_frame(ops, "csv")
+        return 0
+    print(f"{args.profile}  ranges={a.ranges:,}  kernels={a.kernels:,}  GPU time={a.gpu_seconds():.6f} s")
+    if a.report is not None:
+        label = "naive (every kernel x every enclosing range)" if args.naive else "de-duplicated (each op once)"
+        print("  " + "  ".join(f"{p}={a.report.total(p):,}" for p in a.report.phases) + f"  FLOPs, {label}")
+    cols = ["flops", "naive_flops", "calls", "kernels", "gpu_s", "flops_per_s"]
+    _print_frame(ops[cols], "table")
+    for note in a.notes:
+        _warn(note) if note.startswith("this profile was recorded without") else print(f"note: {note}")
+    return 0
 
 
 def _add_capture(sub) -> None:
@@ -256,7 +278,11 @@ def _add_capture(sub) -> None:
 
 
 def _cmd_capture(args) -> int:
-    raise UserError("capture is not available yet")
+    from .estimators.nvtx.capture import capture
+
+    path = capture(args.model, args.batch, out=args.out, input_shape=args.input_shape)
+    print(path)
+    return 0
 
 
 # --- roofline / overhead (issue: First-principles bottleneck analysis) ---------------------------------------------
