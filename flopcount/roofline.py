@@ -29,7 +29,7 @@ from typing import Callable, Iterable, List, Optional, Sequence, Union
 
 import pandas as pd
 
-from .devices import DeviceSpec, UnknownPeak, precision_of
+from .devices import DeviceSpec, UnknownPeak, effective_peak, precision_of
 from .errors import FlopcountError
 from .report import FlopReport, UNCOUNTED
 
@@ -124,6 +124,21 @@ class Roofline:
         return self.seconds / self.flops if self.flops else math.nan
 
     @property
+    def attainable_flop_per_s(self) -> float:
+        """FLOP/s of the step if every op ran at its roofline: FLOPs / roofline time."""
+        return self.flops / self.seconds if self.seconds else math.nan
+
+    @property
+    def utilization_ceiling(self) -> float:
+        """The highest utilization the step can reach on this device: attainable FLOP/s over the effective peak
+        of its FLOPs' precisions (``devices.effective_peak``). Below 1 wherever memory-bound ops take time."""
+        by_prec = self.ops.groupby("precision")["flops"].sum()
+        by_prec = {p: float(v) for p, v in by_prec.items() if v > 0}
+        if not by_prec or not self.seconds:
+            return math.nan
+        return self.attainable_flop_per_s / effective_peak(by_prec, self.spec)
+
+    @property
     def memory_bound_share(self) -> float:
         """Share of the roofline time spent in memory-bound ops."""
         t = self.seconds
@@ -163,6 +178,7 @@ class Roofline:
             "model": self.model, "batch_size": self.batch_size, "device": self.spec.name,
             "bandwidth": self.spec.bandwidth, "flops": self.flops, "bytes": self.bytes,
             "roofline_seconds": self.seconds, "seconds_per_flop": self.seconds_per_flop,
+            "attainable_flop_per_s": self.attainable_flop_per_s, "utilization_ceiling": self.utilization_ceiling,
             "memory_bound_share": self.memory_bound_share, "measured_seconds": self.measured_seconds,
             "unexplained_seconds": self.unexplained_seconds, "unexplained_share": self.unexplained_share,
             "notes": list(self.notes),
@@ -336,17 +352,17 @@ def _oom_types() -> tuple:
     return tuple(types)
 
 
-def step_timer(model, name: str = "", *, device: str = "cpu", input_shape=None, steps: int = 5, warmup: int = 2,
-               dtype=None) -> Callable[[int], object]:
-    """``batch -> StepTiming`` for a real training step of ``model`` on ``device`` (the ladder's timer)."""
+def step_timer(model, name: str = "", *, device: str = "cpu", input_shape=None, steps: int = 5,
+               warmup: int = 2) -> Callable[[int], object]:
+    """``batch -> StepTiming`` for a real training step (forward, loss, backward, SGD step) of ``model``, already
+    on ``device``: the ladder's timer."""
     import torch
 
     from .models import example_inputs
     from .timing import make_train_step, time_step
 
     def timer(batch: int):
-        kwargs = {} if dtype is None else {"dtype": dtype}
-        inputs = example_inputs(model, name, batch=batch, input_shape=input_shape, device="cpu", **kwargs)
+        inputs = example_inputs(model, name, batch=batch, input_shape=input_shape, device="cpu")
         if isinstance(inputs, torch.Tensor) and inputs.dtype.is_floating_point:
             inputs = torch.randn_like(inputs)  # empty memory may hold NaNs or denormals, which run slower
         inputs = torch.utils._pytree.tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, inputs)

@@ -21,7 +21,6 @@ being measured.
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional
@@ -42,18 +41,10 @@ def _sync(device: torch.device) -> None:
 
 
 def time_call(fn: Callable[[], object], device, *, repeats: int = 5, warmup: int = 1) -> float:
-    """Median seconds of ``fn()``; on CUDA between synchronisations, so the kernel's time is in it."""
-    device = torch.device(device)
-    for _ in range(warmup):
-        fn()
-    _sync(device)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    """Median seconds of ``fn()`` (CUDA events on a GPU, so the kernel's time is what is measured)."""
+    from .timing import time_step
+
+    return time_step(fn, device=device, steps=repeats, warmup=warmup).median
 
 
 def repeated_mul(r: int) -> Callable:

@@ -102,6 +102,10 @@ def test_analyze_sums_roofline_time_and_overhead_share():
     assert r.memory_bound_share == pytest.approx(0.005 / 0.025)
     assert r.unexplained_seconds == pytest.approx(0.025)
     assert r.unexplained_share == pytest.approx(0.5)
+    # attainable 2.001e12 FLOPs / 25 ms = 80.04 TFLOP/s; effective peak of 2e12 fp16 + 1e9 fp32 FLOPs is
+    # 2.001e12 / (2e12 / 100e12 + 1e9 / 10e12) = 99.55 TFLOP/s
+    assert r.attainable_flop_per_s == pytest.approx(2.001e12 / 0.025)
+    assert r.utilization_ceiling == pytest.approx((2.001e12 / 0.025) / (2.001e12 / 0.0201))
     fam = r.by("family")
     assert list(fam.index[:2]) == ["matmul", "pointwise"]
     assert fam.loc["matmul", "share"] == pytest.approx(0.8)
