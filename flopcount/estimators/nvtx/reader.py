@@ -145,8 +145,8 @@ def load(path) -> Profile:
             raise ProfileError(f"{path}: NVTX_EVENTS holds no push/pop ranges: the capture had no emit_nvtx "
                                "markers (wrap the step in torch.autograd.profiler.emit_nvtx)")
         ranges["text"] = ranges["text"].fillna("")
-        ranges.sort_values(["tid", "start", "end"], ascending=[True, True, False], inplace=True, kind="stable")
-        ranges.reset_index(drop=True, inplace=True)
+        ranges = ranges.sort_values(["tid", "start", "end"], ascending=[True, True, False], kind="stable")
+        ranges = ranges.reset_index(drop=True)
 
         krows = _query(con, "SELECT start, end, correlationId, globalPid, demangledName "
                             "FROM CUPTI_ACTIVITY_KIND_KERNEL", path)

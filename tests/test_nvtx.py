@@ -1,0 +1,184 @@
+"""The nvtx estimator: reader and joins on real Nsight exports, marker parsing, FLOPs on generated profiles."""
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flopcount.cli import main as cli
+from flopcount.estimators.nvtx import ProfileError, analyze, compare_dispatch, load, parse_marker
+from flopcount.estimators.nvtx.ranges import innermost, nest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+FIX = HERE / "fixtures" / "nsys"
+REAL = FIX / "mfu_2gpu_before.sqlite"
+MOCK = FIX / "mock.sqlite"
+needs_real = pytest.mark.skipif(not REAL.exists(), reason="real nsys fixtures missing (tests/fixtures/nsys)")
+
+
+# --- markers ------------------------------------------------------------------------------------------------------
+def test_parse_full_marker():
+    m = parse_marker("aten::addmm, seq = 12, op_id = 345, sizes = [[10], [4, 3], [3, 10], [], []], "
+                     "input_op_ids = [(340,0), (341,0)]")
+    assert (m.name, m.seq, m.op_id) == ("aten::addmm", 12, 345)
+    assert m.sizes == [[10], [4, 3], [3, 10], [], []]
+    assert m.input_op_ids == ((340, 0), (341, 0))
+
+
+def test_parse_partial_markers():
+    assert parse_marker("aten::empty, op_id = 7") == parse_marker("aten::empty, op_id = 7")
+    m = parse_marker("ConvolutionBackward0, seq = 3, op_id = 9")
+    assert (m.name, m.seq, m.op_id, m.sizes) == ("ConvolutionBackward0", 3, 9, None)
+    m = parse_marker("autograd::engine::evaluate_function: ConvolutionBackward0")
+    assert m.name == "autograd::engine::evaluate_function: ConvolutionBackward0" and m.seq is None
+    assert parse_marker("my, own, range").name == "my, own, range"
+
+
+# --- reader and joins on the real export ------------------------------------------------------------------------
+@needs_real
+def test_real_kernel_to_range_join_matches_a_plain_query():
+    prof = load(REAL)
+    r = nest(prof.ranges)
+    k = prof.kernels
+    ok = k["launch_tid"].to_numpy() >= 0
+    got = innermost(r, k["launch_tid"].to_numpy()[ok], k["launch_start"].to_numpy()[ok])
+
+    # independent: per kernel, SQL finds its launch (correlationId and process) and the enclosing range with the
+    # latest start (= the innermost, ranges on one thread nest) on the launching thread
+    con = sqlite3.connect(f"file:{REAL}?mode=ro&immutable=1", uri=True)
+    rows = con.execute("""
+        SELECT k.start, k.correlationId,
+          (SELECT r.globalTid FROM CUPTI_ACTIVITY_KIND_RUNTIME r WHERE r.correlationId = k.correlationId
+             AND r.globalTid / 16777216 = k.globalPid / 16777216) AS tid,
+          (SELECT r.start FROM CUPTI_ACTIVITY_KIND_RUNTIME r WHERE r.correlationId = k.correlationId
+             AND r.globalTid / 16777216 = k.globalPid / 16777216) AS ls
+        FROM CUPTI_ACTIVITY_KIND_KERNEL k""").fetchall()
+    unlaunched = sum(1 for row in rows if row[2] is None)
+    assert unlaunched == prof.unlaunched == 24
+    launched = [row for row in rows if row[2] is not None]
+    sample = launched[:: max(1, len(launched) // 400)]
+    by_key = {(int(a), int(b)): int(c) for a, b, c in zip(k["launch_tid"][ok], k["launch_start"][ok], got)}
+    for _, _, tid, ls in sample:
+        best = con.execute("""SELECT start, end, COALESCE(text, '') FROM NVTX_EVENTS WHERE globalTid = ? AND
+                              eventType = 59 AND start <= ? AND end >= ? ORDER BY start DESC, end ASC LIMIT 1""",
+                           (tid, ls, ls)).fetchone()
+        mine = by_key[(tid, ls)]
+        assert (r["start"][mine], r["end"][mine]) == (best[0], best[1])
+    assert (got >= 0).sum() == len(launched)
+
+
+@needs_real
+def test_real_profile_without_shapes_gives_times_not_zero_flops(capsys):
+    a = analyze(REAL)
+    assert not a.has_shapes and a.report is None
+    assert a.ops["flops"].isna().all()
+    assert "without record_shapes" in a.notes[0]
+    assert a.gpu_seconds() > 0 and a.kernels_unlaunched == 24
+    assert cli(["nsys", str(REAL)]) == 0
+    assert "FLOPs cannot be derived" in capsys.readouterr().err
+
+
+# --- bad files: one line, non-zero exit --------------------------------------------------------------------------
+def _bad_files(tmp_path):
+    text = tmp_path / "notes.sqlite"
+    text.write_text("hello, this is not a database\n")
+    trunc = tmp_path / "trunc.sqlite"
+    trunc.write_bytes(REAL.read_bytes()[: 300_000])
+    missing = tmp_path / "missing.sqlite"
+    con = sqlite3.connect(missing)
+    con.execute("CREATE TABLE NVTX_EVENTS (start INTEGER, end INTEGER, eventType INTEGER, globalTid INTEGER)")
+    con.commit()
+    con.close()
+    return {"not sqlite": text, "truncated": trunc, "missing table": missing, "no nvtx": MOCK}
+
+
+@needs_real
+def test_bad_files_one_line_error(tmp_path, capsys):
+    for what, path in _bad_files(tmp_path).items():
+        with pytest.raises(ProfileError):
+            analyze(path)
+        assert cli(["nsys", str(path)]) == 2, what
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("flopcount: error:") and "\n" not in err, (what, err)
+
+
+def test_capture_without_gpu_or_nsys_says_so(capsys):
+    import torch
+
+    if shutil.which("nsys") and torch.cuda.is_available():
+        pytest.skip("this machine can capture")
+    assert cli(["capture", "resnet18", "--batch", "2", "--out", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "nsys" in err or "GPU" in err
+
+
+# --- FLOPs on generated profiles ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory):
+    torch = pytest.importorskip("torch")
+    tv = pytest.importorskip("torchvision")
+    import nvtx_profile_gen as gen
+
+    import flopcount
+
+    out = {}
+    for name in ("resnet18", "mobilenet_v2"):
+        torch.manual_seed(0)
+        model = getattr(tv.models, name)(weights=None)
+        x = torch.randn(2, 3, 64, 64)
+        path = gen.generate(model, x, str(tmp_path_factory.mktemp("nsys") / f"{name}.sqlite"))
+        out[name] = (path, flopcount.count(model, x))
+    return out
+
+
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2"])
+def test_deduplicated_equals_dispatch(generated, name):
+    path, dispatch = generated[name]
+    a = analyze(path)
+    for phase in ("forward", "backward"):
+        assert a.report.total(phase) == dispatch.total(phase), phase
+        assert dispatch.total(phase) > 0
+    table = compare_dispatch(a, dispatch)
+    assert table["naive"].sum() > table["dispatch"].sum()
+    # the convolutions launch several kernels and sit inside several formula ranges: counted more than once
+    conv = table.loc[("aten.convolution", "forward")]
+    assert conv["deduplicated"] == conv["dispatch"] and conv["naive"] > conv["dispatch"]
+    assert a.kernels_unlaunched == 2  # the generator's two kernels without a launch
+
+
+def test_naive_report_and_cli(generated, capsys):
+    path, dispatch = generated["resnet18"]
+    naive = analyze(path, naive=True).report
+    assert naive.total() > dispatch.total("forward") + dispatch.total("backward")
+    assert cli(["nsys", path, "--naive", "--format", "json"]) == 0
+    import json
+
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["flops"]["total"] == naive.total()
+
+
+def test_no_shapes_generated(tmp_path):
+    torch = pytest.importorskip("torch")
+    import nvtx_profile_gen as gen
+
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 5))
+    path = gen.generate(model, torch.randn(2, 3, 2, 2), str(tmp_path / "ns.sqlite"), record_shapes=False)
+    a = analyze(path)
+    assert a.report is None and a.ops["flops"].isna().all() and a.gpu_seconds() > 0
+
+
+def test_linear_counted_once_at_addmm(tmp_path):
+    torch = pytest.importorskip("torch")
+    import nvtx_profile_gen as gen
+
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 5))
+    path = gen.generate(model, torch.randn(4, 3, 2, 2), str(tmp_path / "lin.sqlite"))
+    a = analyze(path)
+    # hand count: addmm (4x12)@(12x5) + bias: 2*4*12*5 + 4*5 = 500
+    fwd = a.ops[(a.ops["phase"] == "forward") & (a.ops["op"] == "aten.addmm")]
+    assert int(fwd["flops"].sum()) == 2 * 4 * 12 * 5 + 4 * 5
+    assert int(fwd["calls"].sum()) == 1
