@@ -11,6 +11,7 @@ so that a per-op counter and a per-module counter land on the same row.
 from __future__ import annotations
 
 import math
+import sys
 from typing import Dict, Iterable, Optional, Sequence, Union
 
 import pandas as pd
@@ -173,8 +174,10 @@ def compare(model, inputs, estimators: Union[str, Sequence[str]] = (REFERENCE, "
             if key is not None and key in cache:
                 rep = cache[key]
             else:
-                opts = dict(options) if name == REFERENCE else {}
-                rep = est.estimate(model, inputs, **opts)
+                if name == REFERENCE:
+                    rep = _reference(est, model, inputs, options)
+                else:
+                    rep = est.estimate(model, inputs)
                 if key is not None:
                     cache[key] = rep
         except Exception as exc:
@@ -232,6 +235,20 @@ def compare(model, inputs, estimators: Union[str, Sequence[str]] = (REFERENCE, "
     return frame
 
 
+def _reference(est, model, inputs, options) -> FlopReport:
+    """Dispatch on meta tensors; a model that needs real values (``.item()``, data-dependent branches) is counted
+    on the CPU instead, with a note, when its weights are real."""
+    try:
+        return est.estimate(model, inputs, **options)
+    except Exception:
+        real = all(p.device.type != "meta" for p in model.parameters())
+        if options.get("device", "meta") != "meta" or not real:
+            raise
+    rep = est.estimate(model, inputs, **{**options, "device": "cpu"})
+    rep.notes.append("counted on cpu: the model cannot run on meta tensors")
+    return rep
+
+
 def _ref_value(flops, key) -> float:
     return float(flops[REFERENCE].get(key, 0))
 
@@ -276,3 +293,15 @@ def to_json(frame: pd.DataFrame) -> dict:
 
     records = json.loads(frame.to_json(orient="records"))
     return {**{k: v for k, v in frame.attrs.items()}, "rows": records}
+
+
+class _CallableModule(type(sys.modules[__name__])):
+    """Importing this module sets the package attribute ``flopcount.compare`` to the module, shadowing the
+    function ``flopcount.compare`` that forwards here; calling the module calls the function, so both spellings
+    keep working whichever import happened first."""
+
+    def __call__(self, model, inputs, estimators=(REFERENCE, "fvcore"), **options):
+        return compare(model, inputs, estimators=estimators, **options)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,218 @@
+"""flopcount.compare and `flopcount compare`: agreement on conv/linear, explained differences, failures, plugins."""
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torchvision
+from torch import nn
+
+import flopcount
+from flopcount.compare import ERROR, TOLERANCE, TOTAL, op_kind
+from flopcount.models import STUDY_MODELS
+
+
+def _value(table, op, phase, est):
+    rows = table[(table["op"] == op) & (table["phase"] == phase)]
+    return float(rows[est].iloc[0]) if len(rows) else 0.0
+
+
+def _check_conv_linear_agree(table, peers):
+    for peer in peers:
+        ref = _value(table, "conv", "forward", "dispatch") + _value(table, "linear", "forward", "dispatch")
+        got = _value(table, "conv", "forward", peer) + _value(table, "linear", "forward", peer)
+        assert ref > 0
+        assert abs(got - ref) / ref <= 0.01, (peer, got, ref)
+
+
+def _check_every_difference_explained(table):
+    rel_cols = [c for c in table.columns if c.startswith("rel:")]
+    for _, row in table[~table["op"].isin([ERROR])].iterrows():
+        for col in rel_cols:
+            rel = row[col]
+            if rel != rel or abs(rel) > TOLERANCE:  # NaN (phase not covered) or more than 1% off
+                assert col[4:] + ":" in row["reason"], (row["op"], row["phase"], col, row["reason"])
+
+
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2"])
+def test_conv_linear_agree_with_fvcore_and_ptflops_aten(name):
+    model = torchvision.models.get_model(name, weights=None)
+    table = flopcount.compare(model, torch.randn(1, 3, 224, 224), estimators=("fvcore", "theory", "ptflops-aten"))
+    _check_conv_linear_agree(table, ("fvcore", "ptflops-aten"))
+    _check_every_difference_explained(table)
+    # theory is exactly 3 x fvcore's forward (x2: fvcore counts MACs), per model
+    fv_forward = _value(table, TOTAL, "forward", "fvcore")
+    assert _value(table, TOTAL, "forward", "theory") + _value(table, TOTAL, "backward", "theory") == 3 * fv_forward
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", STUDY_MODELS)
+def test_study_models_all_estimators(name):
+    from fvcore.nn import FlopCountAnalysis
+
+    model = torchvision.models.get_model(name, weights=None)
+    inp = torch.randn(1, 3, 224, 224)
+    table = flopcount.compare(model, inp, estimators="all")
+    _check_conv_linear_agree(table, ("fvcore", "ptflops-aten"))
+    _check_every_difference_explained(table)
+    theory = _value(table, TOTAL, "forward", "theory") + _value(table, TOTAL, "backward", "theory")
+    assert theory == 3 * 2 * FlopCountAnalysis(model, (inp,)).total()
+
+
+def test_op_kinds():
+    assert op_kind("aten.convolution_backward") == "conv"
+    assert op_kind("nn.Conv2d") == "conv"
+    assert op_kind("aten.addmm") == op_kind("aten.linear") == op_kind("nn.Linear") == "linear"
+    assert op_kind("aten.mean", "AdaptiveAvgPool2d") == "pool"
+    assert op_kind("aten.bmm", "MultiheadAttention") == "attention"
+    assert op_kind("aten.addmm", "MultiheadAttention") == "linear"
+    assert op_kind("aten._scaled_dot_product_flash_attention_for_cpu_backward") == "attention"
+    assert op_kind("aten.native_batch_norm") == op_kind("nn.BatchNorm2d") == "norm"
+    assert op_kind("aten.threshold_backward") == op_kind("nn.ReLU") == "activation"
+
+
+def _transformer():
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, batch_first=True, dropout=0.0)
+    return nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+
+
+def test_attention_counted_by_dispatch_and_shown_uncounted_by_peers():
+    batch, seq, d, layers = 2, 10, 32, 2
+    table = flopcount.compare(_transformer(), torch.randn(batch, seq, d), estimators=("fvcore", "ptflops-aten"))
+    # Q K^T and A V: two (seq x d) @ (d x seq)-sized matmuls per layer, 2 FLOPs per MAC
+    matmuls = layers * 2 * 2 * batch * seq * seq * d
+    assert _value(table, "attention", "forward", "dispatch") >= matmuls
+    assert _value(table, "attention", "backward", "dispatch") >= 2 * matmuls
+    row = table[(table["op"] == "attention") & (table["phase"] == "forward")].iloc[0]
+    assert row["fvcore"] == 0 and row["ptflops-aten"] == 0
+    assert "fvcore: " in row["uncounted"] and "scaled_dot_product_attention" in row["uncounted"]
+    assert "ptflops-aten: " in row["uncounted"]
+    assert "not supported" in row["reason"]
+
+
+def test_vit_attention_gap():
+    model = torchvision.models.vit_b_16(weights=None)
+    table = flopcount.compare(model, torch.randn(1, 3, 224, 224), estimators=("ptflops-aten",))
+    # 12 layers, 197 tokens, width 768: Q K^T and A V are 2 x 197 x 197 x 768 MACs per layer
+    assert _value(table, "attention", "forward", "dispatch") >= 12 * 2 * 2 * 197 * 197 * 768
+    assert _value(table, "attention", "backward", "dispatch") > 0
+    row = table[(table["op"] == "attention") & (table["phase"] == "forward")].iloc[0]
+    assert row["ptflops-aten"] == 0 and "attention" in row["uncounted"]
+    _check_conv_linear_agree(table, ("ptflops-aten",))
+
+
+class Branchy(nn.Module):
+    """Data-dependent control flow: torch.fx (pthflops) cannot trace it; the others can run it."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        if x.sum() > 0:
+            x = x * 2
+        return self.fc(x)
+
+
+def test_failing_estimator_gives_error_row_and_others_go_on():
+    table = flopcount.compare(Branchy(), torch.ones(2, 8), estimators=("pthflops", "ptflops-aten"))
+    err = table[table["op"] == ERROR]
+    assert len(err) == 1 and err["reason"].iloc[0].startswith("pthflops: ")
+    assert "pthflops" in table.attrs["errors"]
+    # ptflops-aten still compared: the linear layer, 2 x 8 x 4 MACs + bias
+    assert _value(table, "linear", "forward", "ptflops-aten") == 2 * (2 * 8 * 4 + 2 * 4)
+
+
+def test_unknown_estimator_name():
+    with pytest.raises(flopcount.EstimatorError, match="unknown estimator"):
+        flopcount.compare(Branchy(), torch.ones(2, 8), estimators=("nope",))
+
+
+# --- CLI -----------------------------------------------------------------------------------------------------------
+MODEL_FILE = """
+import torch
+from torch import nn
+
+class Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, bias=False)
+        self.fc = nn.Linear(4 * 6 * 6, 5)
+
+    def forward(self, x):
+        x = self.conv(x)
+        if x.sum() > 0:
+            x = torch.relu(x)
+        return self.fc(x.flatten(1))
+
+def build():
+    return Branchy()
+"""
+
+PLUGIN = """
+from flopcount.report import FlopReport
+
+class Constant:
+    name = "constant"
+    phases = ("forward",)
+
+    def estimate(self, model, inputs, **options):
+        rows = [dict(module="", op="aten.convolution", phase="forward", status="counted", flops=123, calls=1)]
+        return FlopReport.from_rows(rows, estimator=self.name, phases=self.phases)
+"""
+
+
+def _cli(args, tmp_path, extra_path=None):
+    env = dict(os.environ)
+    paths = [str(extra_path)] if extra_path else []
+    env["PYTHONPATH"] = os.pathsep.join(paths + [os.getcwd()] + [p for p in [env.get("PYTHONPATH")] if p])
+    return subprocess.run([sys.executable, "-m", "flopcount.cli", *args], capture_output=True, text=True,
+                          cwd=tmp_path, env=env, timeout=300)
+
+
+@pytest.fixture
+def model_file(tmp_path):
+    path = tmp_path / "mymodel.py"
+    path.write_text(MODEL_FILE)
+    return path
+
+
+def test_cli_unseen_model_with_failing_estimator(tmp_path, model_file):
+    out = _cli(["compare", f"{model_file}:build", "--input-shape", "3,8,8", "--batch", "2",
+                "--estimators", "fvcore,pthflops,ptflops-aten", "--format", "json", "--plot", "out.png"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "warning" in out.stderr and "pthflops" in out.stderr
+    doc = json.loads(out.stdout)
+    assert set(doc["errors"]) == {"pthflops"}
+    conv = [r for r in doc["rows"] if r["op"] == "conv" and r["phase"] == "forward"][0]
+    # 2 x 4 x 6 x 6 outputs x 27 MACs, 2 FLOPs each
+    assert conv["dispatch"] == conv["fvcore"] == conv["ptflops-aten"] == 2 * 2 * 4 * 6 * 6 * 27
+    assert (tmp_path / "out.png").stat().st_size > 0
+
+
+def test_cli_bad_estimator_is_one_line_exit_2(tmp_path, model_file):
+    out = _cli(["compare", f"{model_file}:build", "--input-shape", "3,8,8", "--estimators", "dispatch,nope"], tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0 and "nope" in out.stderr
+
+
+def test_entry_point_estimator_appears_in_all(tmp_path, model_file):
+    site = tmp_path / "site"
+    (site / "flopcount_constant-0.1.dist-info").mkdir(parents=True)
+    (site / "flopcount_constant-0.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: flopcount-constant\nVersion: 0.1\n")
+    (site / "flopcount_constant-0.1.dist-info" / "entry_points.txt").write_text(
+        "[flopcount.estimators]\nconstant = constant_estimator:Constant\n")
+    (site / "constant_estimator.py").write_text(textwrap.dedent(PLUGIN))
+    out = _cli(["compare", f"{model_file}:build", "--input-shape", "3,8,8", "--estimators", "all", "--format", "csv"],
+               tmp_path, extra_path=site)
+    assert out.returncode == 0, out.stderr
+    header = out.stdout.splitlines()[0].split(",")
+    assert "constant" in header and "rel:constant" in header
+    conv = [line for line in out.stdout.splitlines() if line.startswith("conv,forward,")][0]
+    assert ",123.0," in conv
