@@ -1,9 +1,6 @@
 """flopcount.compare and `flopcount compare`: agreement on conv/linear, explained differences, failures, plugins."""
 import json
 import math
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -167,12 +164,20 @@ class Constant:
 """
 
 
-def _cli(args, tmp_path, extra_path=None):
-    env = dict(os.environ)
-    paths = [str(extra_path)] if extra_path else []
-    env["PYTHONPATH"] = os.pathsep.join(paths + [os.getcwd()] + [p for p in [env.get("PYTHONPATH")] if p])
-    return subprocess.run([sys.executable, "-m", "flopcount.cli", *args], capture_output=True, text=True,
-                          cwd=tmp_path, env=env, timeout=300)
+class _Run:
+    def __init__(self, returncode, stdout, stderr):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+def _cli(args, tmp_path, capsys, monkeypatch):
+    """`flopcount ARGS` in this process (a subprocess would pay torch's import again for each call)."""
+    from flopcount.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    code = main(list(args))
+    out = capsys.readouterr()
+    return _Run(code, out.out, out.err)
 
 
 @pytest.fixture
@@ -182,9 +187,10 @@ def model_file(tmp_path):
     return path
 
 
-def test_cli_unseen_model_with_failing_estimator(tmp_path, model_file):
+def test_cli_unseen_model_with_failing_estimator(tmp_path, model_file, capsys, monkeypatch):
     out = _cli(["compare", f"{model_file}:build", "--input-shape", "3,8,8", "--batch", "2",
-                "--estimators", "fvcore,pthflops,ptflops-aten", "--format", "json", "--plot", "out.png"], tmp_path)
+                "--estimators", "fvcore,pthflops,ptflops-aten", "--format", "json", "--plot", "out.png"],
+               tmp_path, capsys, monkeypatch)
     assert out.returncode == 0, out.stderr
     assert "warning" in out.stderr and "pthflops" in out.stderr
     doc = json.loads(out.stdout)
@@ -195,13 +201,14 @@ def test_cli_unseen_model_with_failing_estimator(tmp_path, model_file):
     assert (tmp_path / "out.png").stat().st_size > 0
 
 
-def test_cli_bad_estimator_is_one_line_exit_2(tmp_path, model_file):
-    out = _cli(["compare", f"{model_file}:build", "--input-shape", "3,8,8", "--estimators", "dispatch,nope"], tmp_path)
+def test_cli_bad_estimator_is_one_line_exit_2(tmp_path, model_file, capsys, monkeypatch):
+    out = _cli(["compare", f"{model_file}:build", "--input-shape", "3,8,8", "--estimators", "dispatch,nope"],
+               tmp_path, capsys, monkeypatch)
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0 and "nope" in out.stderr
 
 
-def test_entry_point_estimator_appears_in_all(tmp_path, model_file):
+def test_entry_point_estimator_appears_in_all(tmp_path, model_file, capsys, monkeypatch):
     site = tmp_path / "site"
     (site / "flopcount_constant-0.1.dist-info").mkdir(parents=True)
     (site / "flopcount_constant-0.1.dist-info" / "METADATA").write_text(
@@ -209,8 +216,9 @@ def test_entry_point_estimator_appears_in_all(tmp_path, model_file):
     (site / "flopcount_constant-0.1.dist-info" / "entry_points.txt").write_text(
         "[flopcount.estimators]\nconstant = constant_estimator:Constant\n")
     (site / "constant_estimator.py").write_text(textwrap.dedent(PLUGIN))
+    monkeypatch.syspath_prepend(str(site))  # importlib.metadata reads entry points from sys.path at each call
     out = _cli(["compare", f"{model_file}:build", "--input-shape", "3,8,8", "--estimators", "all", "--format", "csv"],
-               tmp_path, extra_path=site)
+               tmp_path, capsys, monkeypatch)
     assert out.returncode == 0, out.stderr
     header = out.stdout.splitlines()[0].split(",")
     assert "constant" in header and "rel:constant" in header
