@@ -365,8 +365,12 @@ def _add_overhead(sub) -> None:
     p.add_argument("--batches", default="1,2,4,8,16", help="the batch ladder, increasing (doublings: 1,2,4,...)")
     p.add_argument("--threshold", type=float, default=0.10,
                    help="overhead-bound where doubling the batch adds less than this fraction of the step time")
-    p.add_argument("--steps", type=int, default=5, help="timed steps per batch (the median is kept)")
+    p.add_argument("--steps", type=int, default=5, help="timed steps per batch, at least")
+    p.add_argument("--min-seconds", type=float, default=0.5,
+                   help="time a fast step more often, until each batch has taken this long (at most 500 steps)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    p.add_argument("--stat", choices=("min", "median"), default="min",
+                   help="step time kept per batch: min (other work on the machine only ever adds time) or median")
     p.add_argument("--input-shape", default=None, help="per-sample input shape, e.g. 3,224,224")
     p.add_argument("--num-classes", type=int, default=None, help="classes of a torchvision classifier")
     _common(p)
@@ -385,13 +389,14 @@ def _cmd_overhead(args) -> int:
     if not device.startswith(("cpu", "cuda")):
         raise UserError(f"unknown device {device!r}; use cpu or cuda")
     model, name = load_model(args.model, num_classes=args.num_classes, device=device)
-    timer = step_timer(model, name, device=device, input_shape=args.input_shape, steps=args.steps, warmup=args.warmup)
+    timer = step_timer(model, name, device=device, input_shape=args.input_shape, steps=args.steps, warmup=args.warmup,
+                       min_seconds=args.min_seconds)
 
     def timed(batch):
         with _model_errors(name, torch.empty((batch,))):
             return timer(batch)
 
-    res = overhead_ladder(timed, batches, threshold=args.threshold, model=name, device=device)
+    res = overhead_ladder(timed, batches, threshold=args.threshold, stat=args.stat, model=name, device=device)
     if args.format == "json":
         _print_json({"model": name, "device": device, "threshold": args.threshold, "verdict": res.verdict,
                      "overhead_bound_up_to": res.overhead_bound_up_to, "notes": res.notes,
@@ -402,7 +407,7 @@ def _cmd_overhead(args) -> int:
         return 0
     import pandas as pd
 
-    print(f"{name} on {device}: training step time along the batch ladder ({args.steps} timed steps each, median)")
+    print(f"{name} on {device}: training step time along the batch ladder ({args.stat} of the timed steps)")
     with pd.option_context("display.float_format", lambda v: f"{v:.4g}"):
         _print_frame(res.frame.set_index("batch"), "table")
     print(res.verdict)

@@ -302,16 +302,21 @@ class OverheadResult:
 
 
 def overhead_ladder(timer: Callable[[int], object], batches: Iterable[int], *, threshold: float = 0.10,
-                    model: str = "", device: str = "", progress: Optional[Callable] = None) -> OverheadResult:
+                    stat: str = "median", model: str = "", device: str = "",
+                    progress: Optional[Callable] = None) -> OverheadResult:
     """Time a step at each batch of the ladder and say where doubling the batch adds less than ``threshold``.
 
-    ``timer(batch)`` returns seconds per step, or an object with ``median`` (and ``spread``) such as
-    ``timing.StepTiming``; it may raise ``timing.OutOfMemory`` (or ``MemoryError``): the rung is recorded as out of
+    ``timer(batch)`` returns seconds per step, or an object with ``median``, ``spread`` and ``times`` such as
+    ``timing.StepTiming``. ``stat="min"`` takes the fastest step instead of the median: on a machine shared with
+    other work, interference only ever adds time, so the fastest step is the closest to the step's own cost.
+    The timer may raise ``timing.OutOfMemory`` (or ``MemoryError``): the rung is recorded as out of
     memory and the ladder stops, since a larger batch will not fit either. A ladder that is not made of doublings
     is compared per doubling: ``growth = (t2 / t1) ** (1 / log2(b2 / b1))``.
     """
     if not (0 < threshold < 1):
         raise LadderError(f"threshold must be between 0 and 1, not {threshold!r}")
+    if stat not in ("median", "min"):
+        raise LadderError(f"stat must be median or min, not {stat!r}")
     batches = parse_batches(list(batches))
     oom_types = _oom_types()
     rows = []
@@ -323,7 +328,12 @@ def overhead_ladder(timer: Callable[[int], object], batches: Iterable[int], *, t
             rows.append(dict(batch=batch, seconds=math.nan, spread=math.nan, per_sample=math.nan,
                              growth=math.nan, added=math.nan, verdict=OOM))
             break
-        seconds = float(getattr(res, "median", res))
+        if isinstance(res, (int, float)):
+            seconds = float(res)
+        elif stat == "min" and getattr(res, "times", None):
+            seconds = float(min(res.times))
+        else:
+            seconds = float(res.median)
         spread = float(getattr(res, "spread", math.nan) if not isinstance(res, (int, float)) else math.nan)
         if not seconds > 0:
             raise LadderError(f"the timer gave {seconds!r} s at batch {batch}; expected a positive time")
@@ -353,9 +363,12 @@ def _oom_types() -> tuple:
 
 
 def step_timer(model, name: str = "", *, device: str = "cpu", input_shape=None, steps: int = 5,
-               warmup: int = 2) -> Callable[[int], object]:
+               warmup: int = 2, min_seconds: float = 0.0, max_steps: int = 500) -> Callable[[int], object]:
     """``batch -> StepTiming`` for a real training step (forward, loss, backward, SGD step) of ``model``, already
-    on ``device``: the ladder's timer."""
+    on ``device``: the ladder's timer. With ``min_seconds``, a fast step is timed more often (up to
+    ``max_steps``) so that each rung spends at least that long: sub-millisecond steps need many samples."""
+    import time
+
     import torch
 
     from .models import example_inputs
@@ -367,6 +380,12 @@ def step_timer(model, name: str = "", *, device: str = "cpu", input_shape=None, 
             inputs = torch.randn_like(inputs)  # empty memory may hold NaNs or denormals, which run slower
         inputs = torch.utils._pytree.tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, inputs)
         step = make_train_step(model, inputs)
-        return time_step(step, device=device, steps=steps, warmup=warmup)
+        n = steps
+        if min_seconds > 0:
+            t0 = time.perf_counter()
+            time_step(step, device=device, steps=1, warmup=warmup)
+            one = max(time.perf_counter() - t0, 1e-9) / (warmup + 1)
+            n = int(min(max(steps, math.ceil(min_seconds / one)), max(steps, max_steps)))
+        return time_step(step, device=device, steps=n, warmup=1)
 
     return timer

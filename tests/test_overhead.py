@@ -80,3 +80,19 @@ def test_bad_timer_and_threshold():
         overhead_ladder(lambda b: 0.0, [1, 2])
     with pytest.raises(LadderError):
         overhead_ladder(lambda b: 1.0, [1, 2], threshold=1.5)
+
+
+def test_min_statistic_uses_the_fastest_step():
+    class T:
+        def __init__(self, times):
+            self.times, self.median, self.spread = times, sorted(times)[len(times) // 2], 0.0
+
+    # batch 1: steps of 1.0 s, one of them slowed to 3.0 by other work; batch 2: 1.05 s. The medians say 1.0 ->
+    # 1.05 anyway; with a noisy majority at batch 1 only the minimum sees the step's own cost.
+    ladder = {1: T([3.0, 3.0, 1.0]), 2: T([1.05, 1.05, 1.05])}
+    by_min = overhead_ladder(lambda b: ladder[b], [1, 2], stat="min").frame
+    by_median = overhead_ladder(lambda b: ladder[b], [1, 2], stat="median").frame
+    assert by_min["growth"].iloc[1] == pytest.approx(1.05)
+    assert by_median["growth"].iloc[1] == pytest.approx(0.35)
+    with pytest.raises(LadderError):
+        overhead_ladder(lambda b: 1.0, [1, 2], stat="mean")
