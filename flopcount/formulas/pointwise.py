@@ -146,8 +146,11 @@ def _make_pointwise(cost: Cost):
 def foreach_numel(args) -> int:
     """Elements of a foreach op: the sum over its first tensor list."""
     for a in args:
-        if isinstance(a, (list, tuple)) and a and is_shape(a[0]):
-            return sum(numel(s) for s in a)
+        if isinstance(a, (list, tuple)) and a:
+            # a list of sizes, as the calling convention says; tolerate a caller that passed the tensors
+            sizes = [getattr(s, "shape", s) for s in a]
+            if is_shape(sizes[0]):
+                return sum(numel(s) for s in sizes)
     return 0
 
 
