@@ -72,7 +72,7 @@ def test_meta_and_real_cpu_counts_agree():
     key = ["module", "op", "phase"]
     meta = count_step(model, x, device="meta").frame.groupby(key)[["flops", "calls"]].sum()
     real = count_step(model, x, device="cpu").frame.groupby(key)[["flops", "calls"]].sum()
-    both = meta.join(real, lsuffix="_meta", rsuffix="_cpu", how="inner")
+    both = meta.merge(real, left_index=True, right_index=True, suffixes=("_meta", "_cpu"))
     # the same ops with the same FLOPs (a real run may add bookkeeping ops, never FLOPs)
     assert (both["flops_meta"] == both["flops_cpu"]).all(), both
     assert meta["flops"].sum() == real["flops"].sum() > 0

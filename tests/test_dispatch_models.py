@@ -22,17 +22,23 @@ from flopcount.scaling import scaling_mismatches
 def _layer_costs(model: torch.nn.Module, batch: int):
     """module path -> (macs, bias_adds, is_first) for every Conv*/Linear, from attributes and output shapes."""
     outputs = {}
+
+    def record(name):
+        def hook(module, args, output):
+            outputs.setdefault(name, tuple(output.shape))
+        return hook
+
     hooks = []
     for name, mod in model.named_modules():
         if isinstance(mod, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.Linear)):
-            hooks.append(mod.register_forward_hook(lambda m, i, o, name=name: outputs.setdefault(name, (tuple(i[0].shape), tuple(o.shape)))))
+            hooks.append(mod.register_forward_hook(record(name)))
     with torch.no_grad():
         model(torch.empty(batch, 3, 224, 224, device="meta"))
     for h in hooks:
         h.remove()
     costs = {}
     first = next(iter(outputs))  # forward order: the layer that sees the image
-    for name, (in_shape, out_shape) in outputs.items():
+    for name, out_shape in outputs.items():
         mod = model.get_submodule(name)
         out_elems = math.prod(out_shape)
         if isinstance(mod, torch.nn.Linear):
