@@ -1,0 +1,134 @@
+"""Fused attention formulas, forward and backward, through the dispatch counter on meta tensors.
+
+Per score (one element of the Lq x Lk matrix): forward 2E (QK^T) + 5 (softmax) + 2Ev (PV); backward
+6E + 4Ev + 5 per score plus 2Ev per query row (D = rowsum(dO * O)). Causal: only scores with key <= query.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import flopcount
+from flopcount.formulas.attention import causal_scores
+
+A = torch.ops.aten
+
+
+def attn_rows(report):
+    f = report.frame
+    f = f[f["family"] == "attention"]
+    return {(op, ph): int(v) for (op, ph), v in f.groupby(["op", "phase"])["flops"].sum().items()}
+
+
+class Attn(nn.Module):
+    """q, k, v scaled by a parameter (so that the attention's backward runs), then ``fn(q, k, v)``."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.s = nn.Parameter(torch.ones(()))
+        self.fn = fn
+
+    def forward(self, q, k, v):
+        return self.fn(q * self.s, k * self.s, v * self.s)
+
+
+def count(fn, q, k, v):
+    r = flopcount.count(Attn(fn), (q, k, v), loss_fn=lambda o: o.sum())
+    assert r.uncounted == {} and r.notes == []
+    return attn_rows(r)
+
+
+B, H, L, E = 2, 3, 4, 8
+# forward: B * H * Lq * Lk * (2E + 2E + 5) = 2 * 3 * 16 * 37 = 3552
+FWD = 2 * 3 * 16 * (16 + 16 + 5)
+# backward: B * H * (Lq * Lk * (6E + 4E + 5) + Lq * 2E) = 6 * (16 * 85 + 4 * 16) = 8544
+BWD = 2 * 3 * (16 * (48 + 32 + 5) + 4 * 16)
+
+
+def bhle():
+    return [torch.randn(B, H, L, E) for _ in range(3)]
+
+
+def test_sdpa_routes_to_cpu_flash_kernel():
+    rows = count(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), *bhle())
+    assert rows == {
+        ("aten._scaled_dot_product_flash_attention_for_cpu", "forward"): FWD,
+        ("aten._scaled_dot_product_flash_attention_for_cpu_backward", "backward"): BWD,
+    }
+
+
+def test_backward_matmuls_are_two_and_a_half_forward():
+    # the matmul part alone: forward 4E per score, backward 10E per score (with E = Ev)
+    scores = B * H * L * L
+    assert (BWD - B * H * (scores // (B * H) * 5 + L * 2 * E)) / (FWD - scores * 5) == 2.5
+
+
+def test_causal_counts_the_lower_triangle():
+    # Lq = Lk = 4: 4 * 5 / 2 = 10 scores of 16; forward 2 * 3 * 10 * 37 = 2220
+    # backward 2 * 3 * (10 * 85 + 4 * 16) = 5484 (the D row sums are not masked)
+    assert causal_scores(4, 4) == 10
+    rows = count(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), *bhle())
+    assert rows[("aten._scaled_dot_product_flash_attention_for_cpu", "forward")] == 2220
+    assert rows[("aten._scaled_dot_product_flash_attention_for_cpu_backward", "backward")] == 5484
+
+
+def test_causal_rectangular_and_value_dim():
+    # Lq = 3 queries, Lk = 5 keys, top-left causal: query i sees keys 0..i -> 1 + 2 + 3 = 6 scores
+    # E = 8, Ev = 6, B = 1, H = 2: forward 2 * 6 * (16 + 12 + 5) = 396
+    # backward 2 * (6 * (48 + 24 + 5) + 3 * 12) = 2 * (462 + 36) = 996
+    assert causal_scores(3, 5) == 6
+    q, k, v = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 6)
+    rows = count(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), q, k, v)
+    assert rows[("aten._scaled_dot_product_flash_attention_for_cpu", "forward")] == 396
+    assert rows[("aten._scaled_dot_product_flash_attention_for_cpu_backward", "backward")] == 996
+
+
+def test_explicit_mask_adds_one_per_score():
+    mask = torch.zeros(L, L)
+    rows = count(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.device)), *bhle())
+    scores = B * H * L * L  # 96
+    assert rows[("aten._scaled_dot_product_flash_attention_for_cpu", "forward")] == FWD + scores
+    assert rows[("aten._scaled_dot_product_flash_attention_for_cpu_backward", "backward")] == BWD + scores
+
+
+@pytest.mark.parametrize("name, fn", [
+    ("_scaled_dot_product_flash_attention", lambda q, k, v: A._scaled_dot_product_flash_attention(q, k, v)[0]),
+    ("_scaled_dot_product_efficient_attention",
+     lambda q, k, v: A._scaled_dot_product_efficient_attention(q, k, v, None, True)[0]),
+    ("_scaled_dot_product_cudnn_attention",
+     lambda q, k, v: A._scaled_dot_product_cudnn_attention(q, k, v, None, True)[0]),
+    ("_scaled_dot_product_fused_attention_overrideable",
+     lambda q, k, v: A._scaled_dot_product_fused_attention_overrideable(q, k, v)[0]),
+])
+def test_gpu_sdpa_kernels_on_meta(name, fn):
+    # the CUDA kernels' ops have meta implementations: their own forward and backward argument lists are read
+    rows = count(fn, *bhle())
+    assert rows == {(f"aten.{name}", "forward"): FWD, (f"aten.{name}_backward", "backward"): BWD}
+
+
+def test_kernel_entry_points_take_blhe_layout():
+    # _flash_attention_forward / _efficient_attention_forward take (B, L, H, E)
+    q, k, v = [torch.randn(B, L, H, E) for _ in range(3)]
+    rows = count(lambda q, k, v: A._flash_attention_forward(q, k, v, None, None, L, L, 0.0, False, False)[0], q, k, v)
+    assert rows == {("aten._flash_attention_forward", "forward"): FWD,
+                    ("aten._flash_attention_backward", "backward"): BWD}
+    rows = count(lambda q, k, v: A._efficient_attention_forward(q, k, v, None, None, None, L, L, 0.0, 0, True)[0],
+                 q, k, v)
+    assert rows == {("aten._efficient_attention_forward", "forward"): FWD,
+                    ("aten._efficient_attention_backward", "backward"): BWD}
+    # custom_mask_type 1 = causal (top-left): 10 scores, forward 2220 as in the causal test
+    rows = count(lambda q, k, v: A._efficient_attention_forward(q, k, v, None, None, None, L, L, 0.0, 1, True)[0],
+                 q, k, v)
+    assert rows[("aten._efficient_attention_forward", "forward")] == 2220
+
+
+def test_bottom_right_causal_and_packed_batches():
+    # bottom-right alignment, Lq = 2, Lk = 5: query 0 sees keys 0..3, query 1 sees 0..4 -> 4 + 5 = 9
+    assert causal_scores(2, 5, bottom_right=True) == 9
+    # a packed (total_tokens, H, E) batch is refused, so it is reported uncounted rather than as zero
+    from flopcount.formulas import lookup
+
+    t = torch.Size([10, H, E])
+    with pytest.raises(ValueError):
+        lookup("aten._flash_attention_forward")(t, t, t, torch.Size([3]), torch.Size([3]), 5, 5, 0.0, False, False,
+                                                out_shape=None)
