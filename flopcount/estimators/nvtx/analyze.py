@@ -80,6 +80,13 @@ def is_composite(name: str) -> bool:
     return seen
 
 
+def per_name(names: np.ndarray, fn, dtype=object) -> np.ndarray:
+    """``fn`` applied once per distinct name (a profile has hundreds), spread back to every row."""
+    codes, uniques = pd.factorize(names)
+    vals = np.array([fn(u) for u in uniques], dtype=dtype)
+    return vals[codes] if len(vals) else np.zeros(len(names), dtype=dtype)
+
+
 def _top_down(parent, depth, own, inherit):
     """Values flowing down the tree: a range takes its parent's value where ``inherit(parent_value)``."""
     out = own.copy()
@@ -106,7 +113,7 @@ def analyze(path_or_profile, naive: bool = False) -> Analysis:
     with it, the report holds the naive count instead of the de-duplicated one (``ops`` always has both)."""
     prof = path_or_profile if isinstance(path_or_profile, Profile) else load(path_or_profile)
     r = nest(prof.ranges)
-    parsed = markers.parse_many(r["text"])
+    parsed = r  # the reader split the markers (name, seq, op_id, sizes) inside SQLite
     name = parsed["name"].to_numpy(object)
     seq = parsed["seq"].to_numpy(np.int64)
     has_shapes = bool(parsed["sizes"].notna().any())
@@ -115,13 +122,15 @@ def analyze(path_or_profile, naive: bool = False) -> Analysis:
     n = len(r)
 
     # --- classification per unique name (hundreds), then spread to rows ---------------------------------------
-    uniq = pd.unique(name)
-    aten = {u: markers.is_aten(u) for u in uniq}
-    op_like = np.array([aten[u] and not is_composite(u) for u in name], dtype=bool) if n else np.zeros(0, bool)
-    bwd_mark = np.array([markers.is_backward_node(u) or markers.is_engine_wrapper(u) for u in uniq], dtype=bool)
-    opt_mark = np.array([u.startswith("Optimizer.") for u in uniq], dtype=bool)
-    code = {u: (2 if o else 1 if b else 0) for u, b, o in zip(uniq, bwd_mark, opt_mark)}
-    phase_code = np.array([code[u] for u in name], dtype=np.int64) if n else np.zeros(0, np.int64)
+    aten = {u: markers.is_aten(u) for u in pd.unique(name)}
+    op_like = per_name(name, lambda u: aten[u] and not is_composite(u), bool)
+
+    def phase_of(u):
+        if u.startswith("Optimizer."):
+            return 2
+        return 1 if markers.is_backward_node(u) or markers.is_engine_wrapper(u) else 0
+
+    phase_code = per_name(name, phase_of, np.int64)
     phase_code = _top_down(parent, depth, phase_code, lambda v: v > 0)
     phase = np.array(["forward", "backward", "optimizer"], dtype=object)[phase_code]
 
@@ -157,8 +166,9 @@ def analyze(path_or_profile, naive: bool = False) -> Analysis:
                                                      int_k, float_k, under, notes)
 
     # --- the per-op table -------------------------------------------------------------------------------------
+    op_names = per_name(name, lambda u: markers.packet(u) if aten.get(u) else u)
     rows = pd.DataFrame({
-        "op": [markers.packet(x) if aten.get(x) else x for x in name],
+        "op": op_names,
         "phase": phase,
         "is_op": is_op,
         "flops": np.where(flops >= 0, flops, 0),
@@ -201,7 +211,7 @@ def analyze(path_or_profile, naive: bool = False) -> Analysis:
 
     report = None
     if has_shapes:
-        report = _report(r, name, aten, phase, is_op, flops, status, naive_flops, naive, prof, notes)
+        report = _report(r, op_names, phase, is_op, flops, status, naive_flops, naive, prof, notes)
     return Analysis(ops=ops, report=report, has_shapes=has_shapes, kernels=len(k), kernels_unlaunched=unl,
                     kernels_outside_ranges=outside, ranges=n, notes=notes, path=prof.path)
 
@@ -217,7 +227,7 @@ def _flops(r, parsed, name, seq, phase, op_of, is_op, parent, depth, int_k, floa
 
     # Backward node ranges (``XxxBackward0, seq = N, sizes = [grads of the forward op's outputs]``) link to the
     # last forward op with seq N: autograd numbers a node when the op that creates it runs, and later ops see N+1.
-    node = np.array([markers.is_backward_node(x) for x in name], dtype=bool)
+    node = per_name(name, markers.is_backward_node, bool)
     node_sizes = {}
     for i in np.flatnonzero(node & (seq >= 0)):
         if sizes_txt[i] is not None and sizes_txt[i] == sizes_txt[i]:
@@ -229,10 +239,14 @@ def _flops(r, parsed, name, seq, phase, op_of, is_op, parent, depth, int_k, floa
     for i in fwd_ops[np.argsort(r["start"].to_numpy()[fwd_ops], kind="stable")]:
         creator[int(seq[i])] = i  # the last one wins
     first_fwd_seq = min(creator) if creator else None
-    fwd_info = {}  # seq -> (has_bias, input_needs_grad) of the forward op that created node seq
-    for s, i in creator.items():
+
+    def fwd_info(s):
+        """(has_bias, input_needs_grad) of the forward op that created backward node ``s``."""
+        i = creator.get(s)
+        if i is None:
+            return None, True
         sz = markers.parse_sizes(sizes_txt[i]) if isinstance(sizes_txt[i], str) else []
-        fwd_info[s] = (len(sz) > 2 and bool(sz[2]), s != first_fwd_seq)
+        return len(sz) > 2 and bool(sz[2]), s != first_fwd_seq
     if any(markers.packet(x).startswith("aten.max_pool") for x in set(name[is_op])):
         from .flops import POOL_NOTE
         notes.append(POOL_NOTE)
@@ -242,9 +256,9 @@ def _flops(r, parsed, name, seq, phase, op_of, is_op, parent, depth, int_k, floa
     # the backward node enclosing each backward op (for its forward link)
     node_of = _node_of(parent, depth, node)
     cache = {}
-    formula_rows = np.flatnonzero(np.array([formulas.lookup(markers.packet(x)) is not None
-                                            if markers.is_aten(x) else False for x in name], dtype=bool))
-    zero_rows = np.array([markers.packet(x) in formulas.ZERO_FLOP for x in name], dtype=bool)
+    formula_rows = np.flatnonzero(per_name(
+        name, lambda u: markers.is_aten(u) and formulas.lookup(markers.packet(u)) is not None, bool))
+    zero_rows = per_name(name, lambda u: markers.packet(u) in formulas.ZERO_FLOP, bool)
     for i in formula_rows:
         txt = sizes_txt[i]
         if not isinstance(txt, str):
@@ -258,7 +272,7 @@ def _flops(r, parsed, name, seq, phase, op_of, is_op, parent, depth, int_k, floa
         else:
             nd = node_of[i]
             ns = int(seq[nd]) if nd >= 0 else -1
-            has_bias, needs = fwd_info.get(ns, (None, True))
+            has_bias, needs = fwd_info(ns)
             ctx = Context(input_needs_grad=needs, forward_has_bias=has_bias)
         key = (name[i], txt, ctx)
         if key not in cache:
@@ -297,8 +311,7 @@ def _node_of(parent, depth, node):
     return out
 
 
-def _report(r, name, aten, phase, is_op, flops, status, naive_flops, naive, prof, notes) -> FlopReport:
-    op = np.array([markers.packet(x) if aten.get(x) else x for x in name], dtype=object)
+def _report(r, op, phase, is_op, flops, status, naive_flops, naive, prof, notes) -> FlopReport:
     if naive:
         sel = naive_flops > 0
         f = pd.DataFrame({"op": op[sel], "phase": phase[sel], "flops": naive_flops[sel], "status": COUNTED,

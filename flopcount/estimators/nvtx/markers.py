@@ -78,6 +78,22 @@ def parse_many(texts: pd.Series) -> pd.DataFrame:
     return out
 
 
+def sql_columns(text: str) -> str:
+    """SQLite expressions that split a marker column ``text`` into name, seq, op_id and sizes (the same split as
+    :func:`parse`, run inside SQLite in C: a profile has millions of ranges)."""
+    pos = {k: f"instr({text}, ', {k} = ')" for k in ("seq", "op_id", "sizes", "input_op_ids")}
+    big = "1000000000"
+    first = "min(" + ", ".join(f"CASE WHEN {p} > 0 THEN {p} ELSE {big} END" for p in pos.values()) + ")"
+    sizes_end = f"CASE WHEN {pos['input_op_ids']} > 0 THEN {pos['input_op_ids']} ELSE length({text}) + 1 END"
+    return ", ".join([
+        f"CASE WHEN {first} < {big} THEN substr({text}, 1, {first} - 1) ELSE {text} END AS name",
+        f"CASE WHEN {pos['seq']} > 0 THEN CAST(substr({text}, {pos['seq']} + 8) AS INTEGER) ELSE -1 END AS seq",
+        f"CASE WHEN {pos['op_id']} > 0 THEN CAST(substr({text}, {pos['op_id']} + 10) AS INTEGER) ELSE -1 END AS op_id",
+        f"CASE WHEN {pos['sizes']} > 0 THEN substr({text}, {pos['sizes']} + 10, {sizes_end} - ({pos['sizes']} + 10)) "
+        "ELSE NULL END AS sizes",
+    ])
+
+
 def is_engine_wrapper(name: str) -> bool:
     return name.startswith(ENGINE_WRAPPER)
 

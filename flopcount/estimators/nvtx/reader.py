@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from ...errors import FlopcountError
+from . import markers
 
 REQUIRED_TABLES = ("StringIds", "NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME",
                    "META_DATA_EXPORT")
@@ -35,7 +36,8 @@ class ProfileError(FlopcountError):
 class Profile:
     """What the analysis needs from one export.
 
-    ``ranges``: push/pop NVTX ranges (start, end, tid, text), sorted by (tid, start, -end).
+    ``ranges``: push/pop NVTX ranges (start, end, tid, and the marker split into name, seq, op_id, sizes: see
+    markers.py), sorted by (tid, start, -end).
     ``kernels``: every kernel with its launching thread and launch time (``launch_tid`` is -1 where the launch
     is not in the file: a capture window that cut the runtime call off, or a launch API that was not traced).
     """
@@ -119,9 +121,8 @@ def _event_type_ids(con, path: str):
 def _frame(rows, columns, dtypes) -> pd.DataFrame:
     if not rows:
         return pd.DataFrame({c: pd.Series(dtype=d) for c, d in zip(columns, dtypes)})
-    cols = list(zip(*rows))
-    return pd.DataFrame({c: np.asarray(v, dtype=d) if d != object else np.asarray(v, dtype=object)
-                         for c, v, d in zip(columns, cols, dtypes)})
+    f = pd.DataFrame.from_records(rows, columns=columns, coerce_float=False)
+    return f.astype({c: d for c, d in zip(columns, dtypes) if d is not object and f[c].dtype != d})
 
 
 def load(path) -> Profile:
@@ -136,15 +137,16 @@ def load(path) -> Profile:
         text = "COALESCE(n.text, s.value)" if {"text", "textId"} <= cols else ("n.text" if "text" in cols else "s.value")
         join = "LEFT JOIN StringIds s ON s.id = n.textId" if "textId" in cols else ""
         in_push = ",".join(map(str, push))
-        rows = _query(con, f"SELECT n.start, n.end, n.globalTid, {text} FROM NVTX_EVENTS n {join} "
-                           f"WHERE n.eventType IN ({in_push}) AND n.end IS NOT NULL", path)
-        ranges = _frame(rows, ["start", "end", "tid", "text"], [np.int64, np.int64, np.int64, object])
+        rows = _query(con, f"SELECT start, end, tid, {markers.sql_columns('txt')} FROM "
+                           f"(SELECT n.start AS start, n.end AS end, n.globalTid AS tid, COALESCE({text}, '') AS txt "
+                           f"FROM NVTX_EVENTS n {join} WHERE n.eventType IN ({in_push}) AND n.end IS NOT NULL)", path)
+        ranges = _frame(rows, ["start", "end", "tid", "name", "seq", "op_id", "sizes"],
+                        [np.int64, np.int64, np.int64, object, np.int64, np.int64, object])
         n_start_end = _query(con, "SELECT count(*) FROM NVTX_EVENTS WHERE eventType IN "
                                   f"({','.join(map(str, start_end))})", path)[0][0]
         if ranges.empty:
             raise ProfileError(f"{path}: NVTX_EVENTS holds no push/pop ranges: the capture had no emit_nvtx "
                                "markers (wrap the step in torch.autograd.profiler.emit_nvtx)")
-        ranges["text"] = ranges["text"].fillna("")
         ranges = ranges.sort_values(["tid", "start", "end"], ascending=[True, True, False], kind="stable")
         ranges = ranges.reset_index(drop=True)
 
