@@ -6,6 +6,7 @@ from typing import Callable, Optional
 from . import estimators
 from .estimators import EstimatorError, available as available_estimators, get_estimator, register_estimator
 from .report import FlopReport
+from .compare import compare  # bound eagerly, so that importing the submodule cannot shadow the function
 
 __version__ = "0.1.0"
 __all__ = [
@@ -29,13 +30,6 @@ def register_formula(*ops: str, family: str = "custom"):
     from .formulas import register
 
     return register(*ops, family=family)
-
-
-def compare(model, inputs, estimators=("dispatch", "fvcore"), **options):
-    """Op x estimator table of FLOPs, with each estimator's difference from dispatch explained."""
-    from .compare import compare as _compare
-
-    return _compare(model, inputs, estimators=estimators, **options)
 
 
 def utilization(model, batch, **options):

@@ -11,8 +11,7 @@ so that a per-op counter and a per-module counter land on the same row.
 from __future__ import annotations
 
 import math
-import sys
-from typing import Dict, Iterable, Optional, Sequence, Union
+from typing import Dict, Iterable, Sequence, Union
 
 import pandas as pd
 
@@ -293,15 +292,3 @@ def to_json(frame: pd.DataFrame) -> dict:
 
     records = json.loads(frame.to_json(orient="records"))
     return {**{k: v for k, v in frame.attrs.items()}, "rows": records}
-
-
-class _CallableModule(type(sys.modules[__name__])):
-    """Importing this module sets the package attribute ``flopcount.compare`` to the module, shadowing the
-    function ``flopcount.compare`` that forwards here; calling the module calls the function, so both spellings
-    keep working whichever import happened first."""
-
-    def __call__(self, model, inputs, estimators=(REFERENCE, "fvcore"), **options):
-        return compare(model, inputs, estimators=estimators, **options)
-
-
-sys.modules[__name__].__class__ = _CallableModule
