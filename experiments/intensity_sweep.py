@@ -23,7 +23,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-r", type=int, default=256, help="largest r (the sweep runs powers of two up to it)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda where present)")
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--repeats", type=int, default=5, help="timed runs per point (the median is kept)")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per point (the fastest is kept)")
     p.add_argument("--no-plot", action="store_true")
     args = p.parse_args(argv)
     try:
