@@ -1,4 +1,5 @@
 """The nvtx estimator: reader and joins on real Nsight exports, marker parsing, FLOPs on generated profiles."""
+import json
 import shutil
 import sqlite3
 import subprocess
@@ -182,3 +183,15 @@ def test_linear_counted_once_at_addmm(tmp_path):
     fwd = a.ops[(a.ops["phase"] == "forward") & (a.ops["op"] == "aten.addmm")]
     assert int(fwd["flops"].sum()) == 2 * 4 * 12 * 5 + 4 * 5
     assert int(fwd["calls"].sum()) == 1
+
+
+def test_sql_split_equals_python_parser(generated):
+    """The reader splits markers inside SQLite; the regex parser (written separately) must agree row by row."""
+    path, _ = generated["resnet18"]
+    prof = load(path)
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    texts = {(s, e): t for s, e, t in con.execute("SELECT start, end, text FROM NVTX_EVENTS")}
+    for row in prof.ranges.itertuples():
+        m = parse_marker(texts[(row.start, row.end)])
+        assert (row.name, row.seq, row.op_id) == (m.name, -1 if m.seq is None else m.seq, -1 if m.op_id is None else m.op_id)
+        assert (None if row.sizes is None else json.loads(row.sizes)) == m.sizes
