@@ -24,6 +24,7 @@ def main(argv=None) -> int:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda where present)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per point (the fastest is kept)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's own)")
     p.add_argument("--no-plot", action="store_true")
     args = p.parse_args(argv)
     try:
@@ -39,6 +40,10 @@ def _run(args) -> int:
 
     from flopcount.sweep import default_size, intensity_sweep
 
+    if args.threads is not None:
+        if args.threads < 1:
+            raise FlopcountError(f"--threads must be a positive integer, not {args.threads}")
+        torch.set_num_threads(args.threads)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     size = args.size or default_size(device)
     bar = lambda rs: tqdm(rs, desc="r", unit="rung", file=sys.stderr)

@@ -371,6 +371,8 @@ def _add_overhead(sub) -> None:
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     p.add_argument("--stat", choices=("min", "median"), default="min",
                    help="step time kept per batch: min (other work on the machine only ever adds time) or median")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for torch (default: its own); 1 avoids thread stalls on a busy machine")
     p.add_argument("--input-shape", default=None, help="per-sample input shape, e.g. 3,224,224")
     p.add_argument("--num-classes", type=int, default=None, help="classes of a torchvision classifier")
     _common(p)
@@ -388,6 +390,10 @@ def _cmd_overhead(args) -> int:
         raise UserError("--device cuda, but no CUDA device is available here; use --device cpu")
     if not device.startswith(("cpu", "cuda")):
         raise UserError(f"unknown device {device!r}; use cpu or cuda")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise UserError(f"--threads must be a positive integer, not {args.threads}")
+        torch.set_num_threads(args.threads)
     model, name = load_model(args.model, num_classes=args.num_classes, device=device)
     timer = step_timer(model, name, device=device, input_shape=args.input_shape, steps=args.steps, warmup=args.warmup,
                        min_seconds=args.min_seconds)
@@ -407,7 +413,8 @@ def _cmd_overhead(args) -> int:
         return 0
     import pandas as pd
 
-    print(f"{name} on {device}: training step time along the batch ladder ({args.stat} of the timed steps)")
+    where = f"{device}, {torch.get_num_threads()} threads" if device == "cpu" else device
+    print(f"{name} on {where}: training step time along the batch ladder ({args.stat} of the timed steps)")
     with pd.option_context("display.float_format", lambda v: f"{v:.4g}"):
         _print_frame(res.frame.set_index("batch"), "table")
     print(res.verdict)
