@@ -19,8 +19,10 @@ Conventions, per family (the README has the same table):
 * 1 FMA = 2 FLOPs. A matmul ``(m, k) @ (k, n)`` is ``2 m n k``; ``addmm`` adds ``m n`` for the bias.
 * Pointwise arithmetic and activations: FLOPs per output element as listed in ``pointwise.py`` (add, mul, relu,
   max, compare: 1; transcendental functions count as 1, like vendor peak figures count one instruction).
-* Reductions: one FLOP per input element.
-* Normalisation, softmax, pooling, attention: see their modules' docstrings.
+* Reductions: one FLOP per input element (variance 3, vector norms 2); losses scale exactly with the batch.
+* Normalisation, softmax, pooling, attention: see their modules' docstrings. Only work that grows with the
+  input is counted (a norm's per-channel finishing is not), so batch N costs exactly N x batch 1.
+* Zero-FLOP: views (0 bytes) and memory ops (bytes, no arithmetic): ``memory.py``.
 """
 from __future__ import annotations
 
