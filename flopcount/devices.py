@@ -230,25 +230,32 @@ def cache_path() -> str:
     return os.path.join(base, "cpu_peaks.json")
 
 
-def probe_matmul(dtype: str = "float32", *, sizes=(2048,), repeats: int = 3) -> float:
+def probe_matmul(dtype: str = "float32", *, max_n: int = 2048, budget_s: float = 1.0, repeats: int = 3) -> float:
     """Best FLOP/s of square matrix products of ``dtype`` on the CPU, with this process's thread count.
 
-    The best of a few runs, not the mean: a peak is what the hardware can do, and noise only ever slows it.
-    Takes a second or two.
+    The size doubles from 256 until one product takes an eighth of ``budget_s`` (or ``max_n`` is reached), so a
+    dtype the CPU computes slowly (bf16 without hardware support) is probed small instead of for minutes. The best
+    of a few runs is kept, not the mean: a peak is what the hardware can do, and noise only ever slows it.
     """
     import torch
 
     dt = getattr(torch, dtype)
-    best = 0.0
-    for n in sizes:
+    n = 256
+    while True:
         a = torch.randn(n, n).to(dt)
         b = torch.randn(n, n).to(dt)
         torch.mm(a, b)  # first call: allocation, packing and thread start-up are not the rate
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            torch.mm(a, b)
-            dt_s = time.perf_counter() - t0
-            best = max(best, 2.0 * n ** 3 / dt_s)
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        once = time.perf_counter() - t0
+        if once >= budget_s / 8 or n >= max_n:
+            break
+        n *= 2
+    best = 2.0 * n ** 3 / once
+    for _ in range(repeats - 1):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        best = max(best, 2.0 * n ** 3 / (time.perf_counter() - t0))
     return best
 
 

@@ -360,10 +360,10 @@ def _epoch(model, batch, loader, *, dev, dtype, dtype_name, warmup, loss_fn, opt
     for inputs, target in seen:
         key = _signature(inputs) + _signature(target)
         if key not in counted:
-            loss = timing.make_loss(loss_fn, target)
-            inputs_real = inputs if autocast is None else _random_on(inputs, dev)
-            counted[key] = count_step(model, inputs_real, loss=loss, optimizer=optimizer, device=dev,
-                                      autocast=autocast)
+            if autocast is not None:  # autocast is counted on the device itself: stand-ins there, not on meta
+                inputs, target = _random_on(inputs, dev), _random_on(target, dev)
+            counted[key] = count_step(model, inputs, loss=timing.make_loss(loss_fn, target), optimizer=optimizer,
+                                      device=dev, autocast=autocast)
         report = counted[key]
         for p in report.phases:
             phases[p] = phases.get(p, 0.0) + report.total(p)
