@@ -19,7 +19,7 @@ from flopcount.report import atomic_write
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="results/intensity_sweep", help="output folder")
-    p.add_argument("--size", type=int, default=None, help="elements of the tensor (default: 2^24 on cpu, 2^30 on cuda)")
+    p.add_argument("--size", type=int, default=None, help="elements of the tensor (default: 2^24 on cpu, 2^28 on cuda)")
     p.add_argument("--max-r", type=int, default=256, help="largest r (the sweep runs powers of two up to it)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda where present)")
     p.add_argument("--dtype", default="float32")

@@ -398,11 +398,19 @@ def _cmd_overhead(args) -> int:
     timer = step_timer(model, name, device=device, input_shape=args.input_shape, steps=args.steps, warmup=args.warmup,
                        min_seconds=args.min_seconds)
 
+    from types import SimpleNamespace
+
+    from .models import sample_shape
+
     def timed(batch):
-        with _model_errors(name, torch.empty((batch,))):
+        with _model_errors(name, SimpleNamespace(shape=(batch,) + sample_shape(model, name, args.input_shape))):
             return timer(batch)
 
-    res = overhead_ladder(timed, batches, threshold=args.threshold, stat=args.stat, model=name, device=device)
+    from tqdm import tqdm
+
+    bar = lambda bs: tqdm(bs, desc="batch ladder", unit="batch", file=sys.stderr, leave=False)
+    res = overhead_ladder(timed, batches, threshold=args.threshold, stat=args.stat, model=name, device=device,
+                          progress=bar)
     if args.format == "json":
         _print_json({"model": name, "device": device, "threshold": args.threshold, "verdict": res.verdict,
                      "overhead_bound_up_to": res.overhead_bound_up_to, "notes": res.notes,

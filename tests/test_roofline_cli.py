@@ -67,6 +67,12 @@ def test_one_line_errors(argv, message, capsys):
     assert len(err) == 1 and err[0].startswith("flopcount: error:") and message in err[0]
 
 
+def test_overhead_model_error_is_one_line(mlp, capsys):
+    assert main(["overhead", mlp, "--input-shape", "7", "--batches", "1,2", "--steps", "1", "--min-seconds", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("flopcount: error: running build on input 1x7 failed")
+
+
 def test_overhead_runs_the_ladder(mlp, capsys):
     # real timing: only the shape of the answer is checked here, never the times
     assert main(["overhead", mlp, "--input-shape", "10", "--batches", "1,2,4", "--steps", "2", "--warmup", "1",
