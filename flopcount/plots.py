@@ -77,7 +77,7 @@ def plot_intensity_sweep(sweep, path: str) -> str:
 
     for ax in (ax1, ax2):  # plain numbers on the log axes: "40", not "4 x 10^1"
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:.1g}"[0] in "25" else ""))
+        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:.0e}"[0] in "25" else ""))
     ax1.axvline(sweep.crossover_r, color="grey", ls="--", lw=1)
     ax1.annotate(f"crossover r = {sweep.crossover_r:.0f}", (sweep.crossover_r, ax1.get_ylim()[0]),
                  textcoords="offset points", xytext=(4, 8), fontsize=8, color="grey")
