@@ -185,21 +185,28 @@ def _add_utilization(sub) -> None:
 
 def _cmd_utilization(args) -> int:
     from .models import load_model
-    from .utilization import utilization
+    from .utilization import launched_group, utilization, wrap_ddp
 
     if args.batch is None and args.scope != "one":
         raise UserError("give the batch size with --batch N")
-    device = args.device
-    if device.startswith("cuda"):
+    if args.device.startswith("cuda"):
         import torch
 
         if not torch.cuda.is_available():
-            raise UserError(f"device {device!r} is not available here (no CUDA device); use --device cpu")
-    model, name = load_model(args.model, num_classes=args.num_classes, device=device)
-    with _model_errors(name, None):
-        u = utilization(model, args.batch or 1, device=device, dtype=args.dtype, autocast=args.autocast,
-                        steps=args.steps, warmup=args.warmup, peak=args.peak, device_spec=args.device_spec,
-                        scope=args.scope, input_shape=args.input_shape, model_name=name)
+            raise UserError(f"device {args.device!r} is not available here (no CUDA device); use --device cpu")
+    with launched_group(args.device) as (device, rank):  # several ranks under torchrun; rank 0 prints
+        model, name = load_model(args.model, num_classes=args.num_classes, device=device)
+        if args.dtype:
+            from .utilization import parse_dtype
+
+            model = model.to(parse_dtype(args.dtype))
+        model = wrap_ddp(model, device)
+        with _model_errors(name, None):
+            u = utilization(model, args.batch or 1, device=device, autocast=args.autocast,
+                            steps=args.steps, warmup=args.warmup, peak=args.peak, device_spec=args.device_spec,
+                            scope=args.scope, input_shape=args.input_shape, model_name=name)
+    if rank != 0:
+        return 0
     if args.format == "json":
         _print_json(u.to_dict())
     elif args.format == "csv":
@@ -441,6 +448,7 @@ def _add_study(sub) -> None:
     p.add_argument("--methods", default=None, help="timing methods, a subset of theory,one,batch,epoch")
     p.add_argument("--estimators", default=None, help="forward-FLOP estimators besides dispatch (default: all)")
     p.add_argument("--images", type=int, default=None, help="images in the epoch pass (default: 10000)")
+    p.add_argument("--epoch-batch-sizes", default=None, help="batch sizes of the epoch pass (default: all)")
     p.add_argument("--data-root", default=None, help="folder holding CIFAR-10 (torchvision layout; never downloaded)")
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if there is one)")
     p.add_argument("--peak", type=float, default=None, help="peak FLOP/s to divide by (default: the device's)")

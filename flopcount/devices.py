@@ -24,7 +24,7 @@ import os
 import platform
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from typing import Callable, Dict, Mapping, Optional, Tuple
 

@@ -19,7 +19,7 @@ Where each factor comes from, and the mistakes each choice avoids:
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Tuple
 
@@ -250,6 +250,40 @@ def world_size() -> int:
     return dist.get_world_size() if dist is not None else 1
 
 
+@contextmanager
+def launched_group(device: str):
+    """Under ``torchrun`` (WORLD_SIZE > 1 in the environment and no process group yet): a process group for the
+    block (gloo on the CPU, nccl on CUDA), yielding (this rank's device, rank); otherwise (device, 0).
+    The CLI uses it so that ``torchrun --nproc-per-node N -m flopcount.cli utilization ...`` measures N ranks."""
+    import os
+
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or not dist.is_available() or dist.is_initialized():
+        yield device, (dist.get_rank() if _dist() is not None else 0)
+        return
+    cuda = str(device).startswith("cuda")
+    if cuda:
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+        torch.cuda.set_device(torch.device(device))
+    dist.init_process_group("nccl" if cuda else "gloo")
+    try:
+        yield device, dist.get_rank()
+    finally:
+        dist.destroy_process_group()
+
+
+def wrap_ddp(model, device: str):
+    """``model`` in DistributedDataParallel when a process group is up (so the timed step includes the gradient
+    all-reduce, as in real data-parallel training); unchanged otherwise."""
+    if _dist() is None:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    dev = torch.device(device)
+    return DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
+
+
 # --- the measurement ----------------------------------------------------------------------------------------------
 def utilization(model, batch, *, device=None, dtype=None, steps: int = 5, warmup: int = 2, peak=None,
                 device_spec=None, scope: str = "batch", loader=None, loss_fn=None, optimizer=None, target=None,
@@ -396,7 +430,11 @@ def _finish(*, phases, nbytes, seconds, spread, times, peak_flops, source, spec,
     names = [p for p in ("forward", "backward", "optimizer") if p in phases]
     bandwidth = spec.bandwidth if spec is not None and spec.bandwidth else 0.0
     # one all-reduce of the sums, one of the maxima (the step lasts as long as its slowest rank)
-    sums = _gather([phases[p] for p in names] + [nbytes, peak_flops, bandwidth, float(batch_size), 1.0], "sum")
+    precs = devices.PRECISIONS  # a fixed order, so that every rank's list lines up
+    sums = _gather([phases[p] for p in names] + [nbytes, peak_flops, bandwidth, float(batch_size), 1.0]
+                   + [float(mix.get(p, 0.0)) for p in precs], "sum")
+    mix = {p: v for p, v in zip(precs, sums[len(names) + 5:]) if v}
+    sums = sums[:len(names) + 5]
     seconds, spread_max = _gather([seconds, spread if spread is not None else 0.0], "max")
     ranks = int(round(sums[-1]))
     phases = dict(zip(names, sums[:len(names)]))

@@ -67,3 +67,28 @@ def test_two_gloo_processes(tmp_path):
         assert d["seconds_per_step"] == pytest.approx(0.2)  # the slowest rank's step
         assert d["utilization"] == pytest.approx(2 * 2336 / (0.2 * 2 * 1e9))
         assert d["samples_per_second"] == pytest.approx(8 / 0.2)
+        # matmul-class FLOPs of both ranks: forward mm 1024 + backward mm 1024, twice
+        assert d["precision_mix"] == {"fp32": 2 * 2048}
+
+
+@pytest.mark.slow
+def test_cli_under_torchrun(tmp_path):
+    model = tmp_path / "tiny_net.py"
+    model.write_text(textwrap.dedent("""
+        import torch
+
+        def make():
+            net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 4 * 4, 10, bias=False))
+            net.example_input_shape = (3, 4, 4)
+            return net
+    """))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd()] + sys.path))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),
+           "-m", "flopcount.cli", "utilization", f"{model}:make", "--batch", "2", "--peak", "1e9", "--steps", "2",
+           "--format", "json"]
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    doc = json.loads(run.stdout)  # rank 0 alone prints: one document
+    assert doc["world_size"] == 2 and doc["peak_flops"] == 2e9
+    # forward matmul per rank: 2 * 2 * 48 * 10 = 1920; backward (weight only) the same; both ranks summed
+    assert doc["precision_mix"] == {"fp32": 2 * (1920 + 1920)}
