@@ -139,3 +139,21 @@ def test_resnet152_at_batch_1024_counts_in_under_1gb(tmp_path):
     assert out.returncode == 0, out.stderr
     peak_kib = int(out.stdout.strip().splitlines()[-1])  # Linux reports ru_maxrss in KiB
     assert peak_kib * 1024 < 1e9, f"peak RSS {peak_kib / 1024:.0f} MiB"
+
+
+def test_where_counts_in_the_dtype_of_its_values_not_its_condition():
+    class Select(torch.nn.Module):
+        def forward(self, x):
+            return torch.where(x > 0, x, x)
+
+    r = flopcount.count(Select(), torch.randn(4, 3), backward=False)
+    row = r.frame[r.frame["op"] == "aten.where"]
+    assert row["dtype"].tolist() == ["float32"] and int(row["flops"].sum()) == 4 * 3  # one select per element
+
+
+def test_an_optimizer_instance_is_rebuilt_with_its_own_settings():
+    model = torch.nn.Linear(5, 3)
+    adam = count_step(model, torch.randn(2, 5), optimizer=torch.optim.Adam(model.parameters()))
+    adamw = count_step(model, torch.randn(2, 5), optimizer=torch.optim.AdamW(model.parameters(), weight_decay=0.1))
+    # AdamW's decoupled weight decay adds p *= (1 - lr * wd): one multiply per parameter (15 + 3)
+    assert adamw.total("optimizer") == adam.total("optimizer") + 18

@@ -15,6 +15,7 @@ How it works, and why:
 from __future__ import annotations
 
 import bisect
+import inspect
 from collections import defaultdict
 from contextlib import contextmanager, nullcontext
 from typing import Any, Callable, Dict, Optional
@@ -42,11 +43,27 @@ class _OpInfo:
 
 
 def _to_shapes(x):
+    """Tensors -> their torch.Size, at any depth (foreach ops take lists of tensors); everything else as is."""
     if isinstance(x, torch.Tensor):
         return x.shape
-    if isinstance(x, (list, tuple)) and x and any(isinstance(e, torch.Tensor) for e in x):
-        return type(x)(_to_shapes(e) for e in x)
+    if isinstance(x, (list, tuple)) and not isinstance(x, torch.Size):
+        if any(isinstance(e, (torch.Tensor, list, tuple)) for e in x):
+            return type(x)(_to_shapes(e) for e in x)
     return x
+
+
+def _compute_dtype_ref(args, out) -> Optional[torch.Tensor]:
+    """The tensor whose dtype the op computes in: its first floating input (``where(cond, a, b)`` computes in
+    a's dtype, not cond's; a float comparison yields bools but is float work), else any input, else the output."""
+    first = None
+    for a in args:
+        t = _first_tensor(a)
+        if t is not None:
+            if t.dtype.is_floating_point or t.dtype.is_complex:
+                return t
+            if first is None:
+                first = t
+    return first if first is not None else _first_tensor(out)
 
 
 def _tensor_bytes(x) -> int:
@@ -119,10 +136,7 @@ class _Counter(TorchDispatchMode):
         else:
             module = ""
 
-        # The dtype an op computes in is its inputs' (a float comparison yields bools but is float work).
-        ref = _first_tensor(args)
-        if ref is None:
-            ref = _first_tensor(out)
+        ref = _compute_dtype_ref(args, out)
         dtype = str(ref.dtype).replace("torch.", "") if ref is not None else ""
 
         if info.zero is not None:
@@ -269,7 +283,10 @@ def _optimizer_for(optimizer, params: Dict[str, torch.Tensor], model: torch.nn.M
             group = {k: v for k, v in g.items() if k != "params"}
             group["params"] = [params[real_to_name[id(p)]] for p in g["params"] if id(p) in real_to_name]
             groups.append(group)
-        return type(optimizer)(groups, **optimizer.defaults)
+        # Each group carries its own settings; pass on only the defaults this constructor takes by name.
+        accepted = inspect.signature(type(optimizer)).parameters
+        defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
+        return type(optimizer)(groups, **defaults)
     # a factory: params -> optimizer
     return optimizer([p for p in params.values() if p.requires_grad])
 
