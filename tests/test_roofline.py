@@ -1,8 +1,8 @@
 """Roofline: intensities, ridge points and verdicts checked against numbers worked out by hand below."""
 import math
 
-import pandas as pd
 import pytest
+import torch
 
 from flopcount.devices import DeviceSpec, get_device, list_devices
 from flopcount.report import FlopReport
@@ -131,3 +131,26 @@ def test_mixed_family_and_errors():
     with pytest.raises(RooflineError):
         analyze(_report([dict(rows[0], dtype="float16")]), DeviceSpec(name="no16", peaks={"fp32": 1e12},
                                                                       bandwidth=1e9, source="t"))
+
+
+class _AddThenMatmul(torch.nn.Module):
+    def forward(self, a, b):
+        return (a + b) @ b
+
+
+def test_counted_ops_on_a100():
+    # forward only, fp16, 4096 x 4096 on meta tensors: the add reads 2 and writes 1 matrix (3 x 4096^2 x 2 bytes,
+    # 4096^2 FLOPs): memory-bound; the matmul does 2 x 4096^3 FLOPs on the same 3 matrices: compute-bound
+    import flopcount
+
+    n = 4096
+    a = torch.empty(n, n, dtype=torch.float16, device="meta")
+    report = flopcount.count(_AddThenMatmul(), (a, a), backward=False)
+    spec = get_device("A100 SXM 40GB")
+    ops = analyze(report, spec).ops.set_index("op")
+    assert ops.loc["aten.add", "intensity"] == pytest.approx(n * n / (3 * n * n * 2))
+    assert ops.loc["aten.add", "bound"] == MEMORY and ops.loc["aten.add", "precision"] == "fp32"
+    assert ops.loc["aten.mm", "intensity"] == pytest.approx(2 * n ** 3 / (3 * n * n * 2))
+    assert ops.loc["aten.mm", "bound"] == COMPUTE and ops.loc["aten.mm", "precision"] == "fp16"
+    assert ops.loc["aten.mm", "t_roofline"] == pytest.approx(2 * n ** 3 / 312e12)
+    assert ops.loc["aten.add", "t_roofline"] == pytest.approx(3 * n * n * 2 / 1555e9)
