@@ -9,7 +9,7 @@ so the fastest is the least disturbed. Printed:
   fraction of one training step: the figure that stays stable on a busy machine;
 * agreement: the timer's median step / the bare loop's mean step - 1, in the fastest rounds.
 
-    python benchmarks/timing_overhead.py [--steps 20] [--rounds 9] [--width 256] [--threads N]
+    python benchmarks/timing_overhead.py [--steps 5] [--rounds 40] [--width 256] [--threads N]
 """
 from __future__ import annotations
 
@@ -44,14 +44,15 @@ def _rounds(step, steps: int, rounds: int):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=20, help="steps per round")
-    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--steps", type=int, default=5, help="steps per round")
+    ap.add_argument("--rounds", type=int, default=40, help="many short rounds: the fastest is less disturbed")
     ap.add_argument("--width", type=int, default=256, help="MLP width (sets the cost of one step)")
     ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    # One thread by default: a multi-threaded step on a shared machine waits on its slowest thread, and that
+    # noise (tens of percent) would drown the fraction of a percent being measured.
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
 
     torch.manual_seed(0)
     model = small_model(args.width)
