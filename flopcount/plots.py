@@ -232,7 +232,7 @@ def plot_study_roofline(analyses: dict, path: str) -> str:
         ax.scatter(ops["intensity"], [min(peak, i * bw) for i in ops["intensity"]], alpha=0.45, edgecolors="none",
                    s=[15 + 500 * s if s == s else 15 for s in ops["share"]],
                    label=f"{model}: {roof.memory_bound_share:.0%} of time memory-bound, "
-                         f"{roof.seconds_per_flop * 1e18:.0f} ns/GFLOP")
+                         f"{roof.seconds_per_flop * 1e15:.0f} us/GFLOP")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
