@@ -157,3 +157,12 @@ def test_probe_matmul_is_a_plausible_rate():
 def test_device_spec_ridge():
     spec = DeviceSpec(name="x", peaks={"fp32": 10e12}, bandwidth=1e12, source="test")
     assert spec.ridge == {"fp32": 10.0}
+
+
+def test_cache_keeps_the_best_measurement(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLOPCOUNT_CACHE_DIR", str(tmp_path))
+    readings = iter([5e10, 3e10])  # the second probe ran while the machine was busy
+    monkeypatch.setattr(devices, "probe_matmul", lambda dtype: next(readings))
+    monkeypatch.setattr(devices, "probe_bandwidth", lambda: 1e9)
+    assert devices.cpu_spec().peak("fp32") == 5e10
+    assert devices.cpu_spec(refresh=True).peak("fp32") == 5e10

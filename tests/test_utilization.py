@@ -223,3 +223,13 @@ def test_cli_resnet18_real(capsys):
     assert rc == 0
     doc = json.loads(capsys.readouterr().out)
     assert 0 < doc["utilization"] <= 1
+
+
+def test_a_step_faster_than_the_cached_cpu_peak_remeasures_it(monkeypatch):
+    readings = iter([1e3, 1e12])  # the first probe ran on a busy machine
+    monkeypatch.setattr(devices, "probe_matmul", lambda dtype: next(readings))
+    u = utilization(tiny(), torch.randn(N, IN), loss_fn=sum_loss, clock=fake_clock(0.5))
+    # 2336 FLOPs in 0.5 s = 4672 FLOP/s beats 1e3: measured again, and the best reading kept
+    assert u.peak_flops == 1e12
+    assert any("measured again" in n for n in u.notes)
+    assert devices.cpu_spec().peak("fp32") == 1e12  # the cache holds the best figure
