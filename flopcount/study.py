@@ -737,9 +737,12 @@ def tables(res: StudyResult) -> Dict[str, pd.DataFrame]:
         u = u[order]
         u.columns = [f"{m} b={b}" for m, b in u.columns]
         out["utilization"] = u.reindex([m for m in models if m in u.index])
-        s = times[times["method"].isin(["one", "batch"])].pivot_table(index="model", columns="batch_size",
-                                                                      values="seconds", aggfunc="first")
-        s.columns = [f"s/step b={b}" for b in s.columns]
+        steps = times[times["method"].isin(["one", "batch"])].copy()
+        steps["seconds_spread"] = pd.to_numeric(steps["seconds_spread"], errors="coerce")
+        s = steps.pivot_table(index="model", columns="batch_size", values=["seconds", "seconds_spread"],
+                              aggfunc="first")
+        s.columns = [f"{'s/step' if v == 'seconds' else 'spread'} b={b}" for v, b in s.columns]
+        s = s[sorted(s.columns, key=lambda c: (int(c.split("=")[1]), c.startswith("spread")))]
         out["seconds"] = s.reindex([m for m in models if m in s.index])
     bad = r[r["status"] != OK]
     if not bad.empty:
@@ -808,7 +811,8 @@ def render_report(res: StudyResult) -> str:
     if "utilization" in t:
         L += [md_table(t["utilization"], fmt=lambda v: v if isinstance(v, str) else _ratio(v)), ""]
     if "seconds" in t:
-        L += ["Measured seconds per training step (median):", "",
+        L += ["Measured seconds per training step: the median of the timed steps and their spread (median absolute "
+              "deviation). On a shared machine the spread says how far to trust a single number.", "",
               md_table(t["seconds"], fmt=lambda v: v if isinstance(v, str) else _ratio(v)), ""]
     fig("utilization", "utilization per model by method")
     L += ["## 5. Why mobilenet_v2 is slow: the roofline", ""]
@@ -926,6 +930,14 @@ def findings(res: StudyResult, t: Dict[str, pd.DataFrame]) -> List[str]:
                 "FLOPs per byte moved, below the device's ridge point, so they run at memory bandwidth, not at "
                 "the FLOP peak. The low utilization is real memory-bound work (section 5), whatever the old "
                 "profiler's counting errors added on top.")
+            rf = res.meta.get("roofline") or {}
+            if all(m in rf for m in ROOFLINE_MODELS) and ROOFLINE_MODELS[0] in outl:
+                bound = rf[ROOFLINE_MODELS[0]]["seconds_per_flop"] / rf[ROOFLINE_MODELS[1]]["seconds_per_flop"]
+                out.append(
+                    f"  From the roofline alone (section 5) a FLOP of {ROOFLINE_MODELS[0]} costs {bound:.1f}x one of "
+                    f"{ROOFLINE_MODELS[1]}; the gap measured here is {hi / lo:.1f}x. The rest is how well the device's kernels handle many small, thin ops (depthwise "
+                    "convolutions, per-op launch and framework overhead), also real time rather than a counting "
+                    "error.")
     rf = res.meta.get("roofline")
     if rf and all(m in rf for m in ROOFLINE_MODELS):
         a, b = (rf[m]["seconds_per_flop"] for m in ROOFLINE_MODELS)
