@@ -184,7 +184,7 @@ def plot_study_ratios(ratios, path: str) -> str:
         ax.axhline(y, color="black", lw=0.8, ls="--")
     ax.set_ylabel("backward FLOPs / forward FLOPs")
     ax.set_title("Backward : forward by layer type (study: 2:1 for conv and linear, 1:1 first layer)", fontsize=10)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(fig, path, plt)
 
 
@@ -210,7 +210,7 @@ def plot_study_utilization(results, path: str, published=None) -> str:
     ax.set_ylabel("utilization (achieved FLOP/s / peak)")
     dev = ", ".join(sorted(set(f["device"])))
     ax.set_title(f"Utilization per model by method on {dev}", fontsize=10)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(fig, path, plt)
 
 
