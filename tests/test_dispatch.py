@@ -126,19 +126,22 @@ def test_attention_runs_the_fused_kernel_on_meta():
     assert "aten._scaled_dot_product_flash_attention_for_cpu_backward" in ops
 
 
-def test_resnet152_at_batch_1024_counts_in_under_1gb(tmp_path):
+def test_resnet152_at_batch_1024_counts_in_under_1gb():
+    # VmHWM is the high-water mark of this process's own memory; ru_maxrss is not used because Linux carries
+    # the parent's figure across exec, so it would report pytest's memory rather than the counter's.
     code = textwrap.dedent("""
-        import resource, torch, flopcount
+        import torch, flopcount
         from flopcount.models import load_model
         model, _ = load_model("resnet152", device="meta")
         r = flopcount.count(model, torch.empty(1024, 3, 224, 224, device="meta"))
         assert r.total("backward") > r.total("forward") > 0
-        print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+        status = open("/proc/self/status").read()
+        print([line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")][0])
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    peak_kib = int(out.stdout.strip().splitlines()[-1])  # Linux reports ru_maxrss in KiB
-    assert peak_kib * 1024 < 1e9, f"peak RSS {peak_kib / 1024:.0f} MiB"
+    peak_kib = int(out.stdout.strip().splitlines()[-1])
+    assert peak_kib * 1024 < 1e9, f"peak memory {peak_kib / 1024:.0f} MiB"
 
 
 def test_where_counts_in_the_dtype_of_its_values_not_its_condition():
