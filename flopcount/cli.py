@@ -480,7 +480,7 @@ def _cmd_study(args) -> int:
         bad = frame[frame["status"] != "ok"] if len(frame) else frame
         print(f"{len(frame)} rows in {res.out} ({res.ran} run now, {res.skipped} already there, "
               f"{len(bad)} not ok); report: {res.report_path}")
-    return 0
+    return 1 if len(frame) and (frame["status"] != "ok").all() else 0  # some failures are results; all are not
 
 
 COMMANDS = ("count", "compare", "utilization", "peaks", "nsys", "capture", "roofline", "overhead", "study")

@@ -182,6 +182,12 @@ class TorchBackend:
         # "theory" is fvcore x 3 (the same forward count as fvcore) and the name of a time method here
         return [e for e in available() if e not in ("dispatch", "theory")]
 
+    def check(self, name: str) -> None:
+        """Fail early, in one line, on a model spec that does not resolve (building on meta costs nothing)."""
+        from .models import load_model
+
+        load_model(name, num_classes=self.config.num_classes, device="meta")
+
     # counting, on meta tensors: no memory, no compute
     def _meta(self, name: str, batch: int):
         from .models import example_inputs, load_model
@@ -446,11 +452,14 @@ def run_study(config: StudyConfig, out: str, *, backend=None, resume: bool = Tru
     """Run (or finish) the grid into folder ``out``; write figures and REPORT.md; return what is there."""
     config = config.validate()
     log = log or (lambda msg: print(msg, file=sys.stderr))
+    backend = backend or TorchBackend(config)
+    if hasattr(backend, "check"):
+        for m in config.models:
+            backend.check(m)
     try:
         os.makedirs(out, exist_ok=True)
     except OSError as exc:
         raise StudyError(f"cannot create output folder {out!r}: {exc.strerror}") from None
-    backend = backend or TorchBackend(config)
     device = backend.device_name()
 
     results = ResultsFile(os.path.join(out, RESULTS), COLUMNS, KEY, resume=resume)

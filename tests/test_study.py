@@ -250,3 +250,11 @@ def test_experiment_script_holds_the_package_defaults():
 
     assert STUDY == StudyConfig()
     assert len(STUDY.models) == 13 and STUDY.batch_sizes == (1, 64, 128) and STUDY.images == 10_000
+
+
+def test_unknown_model_fails_before_anything_is_written(tmp_path, capsys):
+    out = tmp_path / "never"
+    assert cli.main(["study", "--models", "resnet18,no_such_model", "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no_such_model" in err[0]
+    assert not out.exists()
