@@ -160,3 +160,35 @@ def test_an_optimizer_instance_is_rebuilt_with_its_own_settings():
     adamw = count_step(model, torch.randn(2, 5), optimizer=torch.optim.AdamW(model.parameters(), weight_decay=0.1))
     # AdamW's decoupled weight decay adds p *= (1 - lr * wd): one multiply per parameter (15 + 3)
     assert adamw.total("optimizer") == adam.total("optimizer") + 18
+
+
+def test_in_place_activation_backward_belongs_to_the_activation():
+    # An in-place op makes its autograd node before the clone it saves: the node must still be the activation's.
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU6(inplace=True))
+    r = flopcount.count(model, torch.randn(2, 3, 6, 6))
+    bwd = r.frame[r.frame["phase"] == "backward"]
+    assert set(bwd[bwd["op"] == "aten.hardtanh_backward"]["module"]) == {"2"}
+    assert set(bwd[bwd["op"] == "aten.native_batch_norm_backward"]["module"]) == {"1"}
+    assert set(bwd[bwd["op"] == "aten.convolution_backward"]["module"]) == {"0"}
+
+
+def test_custom_autograd_function_backward_belongs_to_its_module():
+    class Square(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * x
+
+        @staticmethod
+        def backward(ctx, grad):
+            (x,) = ctx.saved_tensors
+            return 2 * x * grad
+
+    class Sq(torch.nn.Module):
+        def forward(self, x):
+            return Square.apply(x)
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), Sq(), torch.nn.Linear(4, 2))
+    r = flopcount.count(model, torch.randn(3, 4))
+    bwd = r.frame[(r.frame["phase"] == "backward") & (r.frame["op"] == "aten.mul")]
+    assert set(bwd["module"]) == {"1"} and int(bwd["calls"].sum()) == 2  # 2 * x, then * grad

@@ -8,13 +8,13 @@ How it works, and why:
   default (no memory, no compute, so a model too large for this machine can still be counted), or detached views
   of the real ones on a real device. The caller's model is never modified and its weights are never copied.
 * Backward ops are attributed to the module whose forward created the autograd node that runs them: in forward,
-  every new autograd node's sequence number is tagged with the module on top of the stack; in backward,
+  every autograd node created while a module is on top of the stack (its sequence number) is tagged with that
+  module, at each op and at each module's entry and exit; in backward,
   ``torch._C._current_autograd_node()`` names the node being run. Gradient accumulation into a parameter goes to
   the parameter's module.
 """
 from __future__ import annotations
 
-import bisect
 import inspect
 from collections import defaultdict
 from contextlib import contextmanager, nullcontext
@@ -96,7 +96,7 @@ class _Counter(TorchDispatchMode):
         self.errors: Dict[str, str] = {}
         self._ops: Dict[Any, _OpInfo] = {}
         self._seq_owner: Dict[int, str] = {}
-        self._seq_sorted: Optional[list] = None
+        self._next_seq = _get_sequence_nr()  # the first autograd node not yet tagged
         self._param_owner = param_owner
 
     # --- module attribution -------------------------------------------------------------------------------
@@ -107,16 +107,21 @@ class _Counter(TorchDispatchMode):
         if seq == _NO_SEQUENCE:  # AccumulateGrad: the parameter's module
             var = getattr(node, "variable", None)
             return self._param_owner.get(id(var), "") if var is not None else ""
-        owner = self._seq_owner.get(seq)
-        if owner is None:
-            # A node created without a dispatched op of its own (a custom autograd Function): the module of
-            # the closest earlier tagged node, which was running when it was made.
-            if self._seq_sorted is None:
-                self._seq_sorted = sorted(self._seq_owner)
-            i = bisect.bisect_right(self._seq_sorted, seq) - 1
-            owner = self._seq_owner[self._seq_sorted[i]] if i >= 0 else ""
-            self._seq_owner[seq] = owner
-        return owner
+        return self._seq_owner.get(seq, "")
+
+    def claim(self) -> None:
+        """Tag every autograd node made since the last claim with the module on top of the stack.
+
+        Called before each forward op (an op's node is made just before the op reaches the mode; an in-place op
+        makes its node before the clone it saves) and at each module's entry and exit (a custom autograd
+        Function makes its node after its ops ran, still inside its module).
+        """
+        end = _get_sequence_nr()
+        if end > self._next_seq:
+            module = self.stack[-1]
+            for seq in range(self._next_seq, end):
+                self._seq_owner[seq] = module
+            self._next_seq = end
 
     # --- the hook -----------------------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -129,8 +134,7 @@ class _Counter(TorchDispatchMode):
         phase = self.phase
         if phase == "forward":
             module = self.stack[-1]
-            # The autograd node of this op (if any) was created just before it reached us: tag it.
-            self._seq_owner.setdefault(_get_sequence_nr() - 1, module)
+            self.claim()
         elif phase == "backward":
             module = self._module_of_node(_current_node())
         else:
@@ -250,9 +254,11 @@ def _module_hooks(model: torch.nn.Module, counter: _Counter):
             continue
 
         def pre(m, a, name=name):
+            counter.claim()
             counter.stack.append(name)
 
         def post(m, a, o):
+            counter.claim()
             counter.stack.pop()
 
         handles.append(mod.register_forward_pre_hook(pre))
@@ -318,6 +324,7 @@ def count_step(
         output = _call(model, params, inputs)
         if backward:
             loss = (loss_fn or _default_loss)(output)
+            counter.claim()  # the loss's nodes belong to the root
             counter.phase = "backward"
             loss.backward()
             if opt is not None:
