@@ -138,6 +138,9 @@ def atomic_write(path: str, text: str) -> None:
     try:
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; the result is an ordinary file
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
