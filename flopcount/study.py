@@ -22,7 +22,6 @@ import json
 import math
 import os
 import sys
-import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 

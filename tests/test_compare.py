@@ -1,6 +1,5 @@
 """flopcount.compare and `flopcount compare`: agreement on conv/linear, explained differences, failures, plugins."""
 import json
-import math
 import textwrap
 
 import pytest

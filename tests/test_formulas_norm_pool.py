@@ -3,14 +3,7 @@ import torch
 from torch import nn
 
 import flopcount
-
-
-def op_flops(report, op, phase, module=None):
-    f = report.frame
-    sel = f[(f["op"] == op) & (f["phase"] == phase)]
-    if module is not None:
-        sel = sel[sel["module"] == module]
-    return int(sel["flops"].sum())
+from helpers import op_flops
 
 
 class Scale(nn.Module):

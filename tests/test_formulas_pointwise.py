@@ -5,22 +5,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import flopcount
+from helpers import Fn, op_flops
 from flopcount import formulas
-
-
-def op_flops(report, op, phase):
-    f = report.frame
-    return int(f[(f["op"] == op) & (f["phase"] == phase)]["flops"].sum())
-
-
-class Fn(nn.Module):
-    def __init__(self, fn, *shapes):
-        super().__init__()
-        self.fn = fn
-        self.ps = nn.ParameterList([nn.Parameter(torch.randn(s)) for s in shapes])
-
-    def forward(self, x):
-        return self.fn(x, *self.ps)
 
 
 def forward_only(fn, x, *shapes):

@@ -5,11 +5,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import flopcount
-
-
-def op_flops(report, op, phase):
-    f = report.frame
-    return int(f[(f["op"] == op) & (f["phase"] == phase)]["flops"].sum())
+from helpers import op_flops
 
 
 class Fn(nn.Module):

@@ -1,7 +1,6 @@
 """The intensity sweep's bookkeeping, with a fake timer that follows a known roofline; and one real compiled run
 (slow)."""
 import json
-import os
 
 import pytest
 import torch

@@ -2,11 +2,9 @@
 import json
 import shutil
 import sqlite3
-import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from flopcount.cli import main as cli

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from flopcount import cli, devices
-from flopcount.devices import UnknownDevice, get_device
+from flopcount.devices import UnknownDevice
 from flopcount.report import FlopReport
 from flopcount.timing import OutOfMemory
 from flopcount.utilization import UtilizationError, precision_mix, resolve_peak, utilization
@@ -33,6 +33,9 @@ def sum_loss(out):
 def fake_clock(seconds_per_step):
     ticks = itertools.count()
     return lambda: seconds_per_step * next(ticks)
+
+
+REAL_PROBES = (devices.probe_matmul, devices.probe_bandwidth)
 
 
 @pytest.fixture(autouse=True)
@@ -218,7 +221,10 @@ def test_cli_peaks(capsys):
 
 
 @pytest.mark.slow
-def test_cli_resnet18_real(capsys):
+def test_cli_resnet18_real(capsys, monkeypatch):
+    # the real probes (in the test's own cache folder): a real step is held against a real peak
+    monkeypatch.setattr(devices, "probe_matmul", REAL_PROBES[0])
+    monkeypatch.setattr(devices, "probe_bandwidth", REAL_PROBES[1])
     rc = cli.main(["utilization", "resnet18", "--batch", "2", "--steps", "2", "--warmup", "1", "--format", "json"])
     assert rc == 0
     doc = json.loads(capsys.readouterr().out)

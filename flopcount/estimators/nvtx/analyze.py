@@ -15,7 +15,6 @@ GPU time: kernel time (end - start) summed per op (the op-level range enclosing 
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Optional
