@@ -34,6 +34,8 @@ from .report import atomic_write
 COUNT, TIME = "count", "time"
 OK, OOM, ERROR = "ok", "oom", "error"
 TIME_METHODS = ("theory", "one", "batch", "epoch")
+# The NVTX estimator (GPU and nsys only): FLOPs from an emit_nvtx profile, de-duplicated and as the study counted
+NVTX_METHODS = ("nvtx", "nvtx-naive")
 KEY = ["model", "batch_size", "method", "device"]
 COLUMNS = KEY + [
     "kind", "status", "flops", "flops_forward", "flops_backward", "seconds", "seconds_spread", "samples",
@@ -167,6 +169,7 @@ class TorchBackend:
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise StudyError(f"device {self.device!r} asked for, but torch sees no CUDA device")
         self._real: Tuple[Optional[str], object] = (None, None)
+        self._profiles: Dict[Tuple[str, int], str] = {}  # (model, batch) -> SQLite export of an nsys capture
 
     # naming
     def device_name(self) -> str:
@@ -180,7 +183,34 @@ class TorchBackend:
         from .estimators import available
 
         # "theory" is fvcore x 3 (the same forward count as fvcore) and the name of a time method here
-        return [e for e in available() if e not in ("dispatch", "theory")]
+        names = [e for e in available() if e not in ("dispatch", "theory")]
+        return names + (list(NVTX_METHODS) if self.nvtx_available() else [])
+
+    def nvtx_available(self) -> bool:
+        """The study's NVTX estimator needs a CUDA device and Nsight Systems (``nsys``) on PATH."""
+        import shutil
+
+        return self.device.startswith("cuda") and shutil.which("nsys") is not None
+
+    def profile_flops(self, method: str, name: str, batch: int) -> Tuple[int, int, float]:
+        """(forward FLOPs, backward FLOPs, GPU seconds) of one training step recorded under emit_nvtx in nsys,
+        de-duplicated (``nvtx``) or counted the way the 2021 study's tool did (``nvtx-naive``). One capture serves
+        both."""
+        key = (name, batch)
+        if key not in self._profiles:
+            import tempfile
+
+            from .estimators.nvtx.capture import capture
+
+            folder = tempfile.mkdtemp(prefix="flopcount-nvtx-")
+            self._profiles[key] = capture(name, batch, out=os.path.join(folder, f"{name}-b{batch}"),
+                                          num_classes=self.config.num_classes)
+        from .estimators.nvtx import analyze
+
+        a = analyze(self._profiles[key], naive=(method == "nvtx-naive"))
+        if a.report is None:
+            raise StudyError("the profile has no shapes: FLOPs cannot be derived from its markers")
+        return a.report.total("forward"), a.report.total("backward"), float(a.gpu_seconds())
 
     def check(self, name: str) -> None:
         """Fail early, in one line, on a model spec that does not resolve (building on meta costs nothing)."""
@@ -547,6 +577,9 @@ def _count(t: Task, backend, ratios: ResultsFile) -> dict:
                 f"{op} x{n}" for op, n in sorted(report.uncounted.items()))
         ratios.extend(ratio_rows(report, model, t.model, t.batch_size))
         return dict(flops=fw + bw, flops_forward=fw, flops_backward=bw, **extra)
+    if t.method in NVTX_METHODS:
+        fw, bw, gpu_seconds = backend.profile_flops(t.method, t.model, t.batch_size)
+        return dict(flops=fw + bw, flops_forward=fw, flops_backward=bw, seconds=gpu_seconds)
     fw = backend.forward_flops(t.method, t.model, t.batch_size)
     return dict(flops=fw, flops_forward=fw)
 

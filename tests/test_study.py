@@ -258,3 +258,28 @@ def test_unknown_model_fails_before_anything_is_written(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no_such_model" in err[0]
     assert not out.exists()
+
+
+class ProfilingBackend(FakeBackend):
+    """A GPU machine with nsys: the NVTX estimator records one profile per (model, batch) and counts it twice.
+    Per sample the de-duplicated count equals dispatch (130 forward, 150 backward); the naive one counts the
+    conv's kernels under both of their enclosing ranges (+100 each way)."""
+
+    def estimators(self):
+        return ["fvcore", "nvtx", "nvtx-naive"]
+
+    def profile_flops(self, method, name, batch):
+        self._call(method, name, batch)
+        extra = 100 if method == "nvtx-naive" else 0
+        return (130 + extra) * batch, (150 + extra) * batch, 0.01 * batch
+
+
+def test_nvtx_estimator_rows_where_a_profile_can_be_recorded(tmp_path):
+    res = run(tmp_path, ProfilingBackend())
+    r = rows(res)
+    dedup, naive, dispatch = r[("m1", 1, "nvtx")], r[("m1", 1, "nvtx-naive")], r[("m1", 1, "dispatch")]
+    assert (dedup.flops_forward, dedup.flops_backward) == (dispatch.flops_forward, dispatch.flops_backward)
+    assert (naive.flops_forward, naive.flops_backward, naive.seconds) == (230, 250, 0.01)
+    assert dedup.status == naive.status == "ok"
+    # like the other peers, only at the smallest batch
+    assert ("m1", 4, "nvtx") not in r

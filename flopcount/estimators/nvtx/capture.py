@@ -17,7 +17,7 @@ class CaptureError(FlopcountError):
     pass
 
 
-def capture(model: str, batch: int, out: str = "run", input_shape=None) -> str:
+def capture(model: str, batch: int, out: str = "run", input_shape=None, num_classes=None) -> str:
     """Profile one training step of ``model`` and return the path of the SQLite export (``out``.sqlite)."""
     nsys = shutil.which("nsys")
     if nsys is None:
@@ -26,7 +26,8 @@ def capture(model: str, batch: int, out: str = "run", input_shape=None) -> str:
 
     if not torch.cuda.is_available():
         raise CaptureError("no CUDA GPU is available: capture profiles GPU kernels; run it on a machine with a GPU")
-    step = [sys.executable, "-m", "flopcount.estimators.nvtx.capture", model, str(batch)] + ([input_shape] if input_shape else [])
+    step = [sys.executable, "-m", "flopcount.estimators.nvtx.capture", model, str(batch), input_shape or "",
+            str(num_classes or "")]
     run = [nsys, "profile", "-t", "cuda,nvtx", "-o", out, "--force-overwrite", "true"] + step
     export = [nsys, "export", "--type", "sqlite", "--force-overwrite", "true", "-o", f"{out}.sqlite", f"{out}.nsys-rep"]
     for cmd in (run, export):
@@ -37,14 +38,14 @@ def capture(model: str, batch: int, out: str = "run", input_shape=None) -> str:
     return f"{out}.sqlite"
 
 
-def _step(model_spec: str, batch: int, input_shape=None) -> None:
+def _step(model_spec: str, batch: int, input_shape=None, num_classes=None) -> None:
     """The profiled child: one warm-up step, then one step inside emit_nvtx(record_shapes=True)."""
     import torch
     import torch.nn.functional as F
 
     from ...models import example_inputs, load_model
 
-    model, name = load_model(model_spec)
+    model, name = load_model(model_spec, num_classes=num_classes)
     model = model.cuda().train()
     x = example_inputs(model, name, batch=batch, input_shape=input_shape, device="cuda")
 
@@ -62,4 +63,4 @@ def _step(model_spec: str, batch: int, input_shape=None) -> None:
 
 
 if __name__ == "__main__":
-    _step(sys.argv[1], int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None)
+    _step(sys.argv[1], int(sys.argv[2]), sys.argv[3] or None, int(sys.argv[4]) if sys.argv[4] else None)
