@@ -349,13 +349,7 @@ class ResultsFile:
         return None if i is None else self.rows[i]
 
     def put(self, row: dict) -> None:
-        k = self._key(row)
-        if k in self._index:
-            self.rows[self._index[k]] = row
-        else:
-            self._index[k] = len(self.rows)
-            self.rows.append(row)
-        self.flush()
+        self.extend([row])
 
     def extend(self, rows: Sequence[dict]) -> None:
         for row in rows:

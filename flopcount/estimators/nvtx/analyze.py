@@ -26,7 +26,7 @@ from ... import formulas
 from ...report import COUNTED, UNCOUNTED, ZERO, FlopReport
 from . import markers
 from .flops import Context, derive
-from .ranges import innermost, nest, subtree_sum
+from .ranges import ancestors_fill, innermost, nest, subtree_sum
 from .reader import Profile, load
 
 NO_SHAPES = ("this profile was recorded without record_shapes: FLOPs cannot be derived from its markers "
@@ -253,7 +253,7 @@ def _flops(r, parsed, name, seq, phase, op_of, is_op, parent, depth, int_k, floa
         notes.append("assumed the step's input does not require a gradient (no grad_input for the first layer)")
 
     # the backward node enclosing each backward op (for its forward link)
-    node_of = _node_of(parent, depth, node)
+    node_of = ancestors_fill(parent, depth, np.where(node, np.arange(len(node)), -1))
     cache = {}
     formula_rows = np.flatnonzero(per_name(
         name, lambda u: markers.is_aten(u) and formulas.lookup(markers.packet(u)) is not None, bool))
@@ -297,17 +297,6 @@ def _flops(r, parsed, name, seq, phase, op_of, is_op, parent, depth, int_k, floa
     for what, count in failed.items():
         notes.append(f"FLOPs not derived for {count} call(s) of {what}")
     return flops, reason, status, naive_flops
-
-
-def _node_of(parent, depth, node):
-    own = np.where(node, np.arange(len(node)), -1)
-    out = own.copy()
-    for level in range(1, int(depth.max()) + 1 if len(depth) else 0):
-        idx = np.flatnonzero((depth == level) & (out < 0))
-        p = parent[idx]
-        ok = p >= 0
-        out[idx[ok]] = out[p[ok]]
-    return out
 
 
 def _report(r, op, phase, is_op, flops, status, naive_flops, naive, prof, notes) -> FlopReport:
