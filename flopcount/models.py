@@ -145,3 +145,23 @@ def example_inputs(model: torch.nn.Module, name: str = "", *, batch: int = 1, in
     shape = sample_shape(model, name, input_shape)
     return torch.empty((int(batch),) + shape, device=device, dtype=dtype)
 
+
+
+def default_loss(output, target=None):
+    """The loss of a step when none is given: cross-entropy for (N, C) logits (against ``target``, or class 0: the
+    study's loss); else the sum of every floating-point output. The counter and the timer share it, so that the
+    step counted is the step timed."""
+    import torch.nn.functional as F
+
+    if isinstance(output, torch.Tensor) and output.dim() == 2 and output.dtype.is_floating_point:
+        if target is None:
+            target = torch.zeros(output.shape[0], dtype=torch.long, device=output.device)
+        return F.cross_entropy(output, target.to(output.device))
+    leaves = [t for t in torch.utils._pytree.tree_leaves(output)
+              if isinstance(t, torch.Tensor) and t.dtype.is_floating_point]
+    if not leaves:
+        raise FlopcountError("the model returned no floating-point tensor to take a loss of; pass loss_fn=")
+    total = leaves[0].sum()
+    for t in leaves[1:]:
+        total = total + t.sum()
+    return total

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 
 from .errors import FlopcountError
+from .models import default_loss
 
 
 class OutOfMemory(FlopcountError):
@@ -89,23 +89,6 @@ def oom_as_error(what: str = "the training step", cuda=None):
 
 
 # --- the training step --------------------------------------------------------------------------------------------
-def default_loss(output, target=None):
-    """Cross-entropy for (N, C) logits (against ``target``, or class 0: the study's loss); else the sum of every
-    floating-point output."""
-    if isinstance(output, torch.Tensor) and output.dim() == 2 and output.dtype.is_floating_point:
-        if target is None:
-            target = torch.zeros(output.shape[0], dtype=torch.long, device=output.device)
-        return F.cross_entropy(output, target.to(output.device))
-    leaves = [t for t in torch.utils._pytree.tree_leaves(output)
-              if isinstance(t, torch.Tensor) and t.dtype.is_floating_point]
-    if not leaves:
-        raise TimingError("the model returned no floating-point tensor to take a loss of; pass loss_fn=")
-    total = leaves[0].sum()
-    for t in leaves[1:]:
-        total = total + t.sum()
-    return total
-
-
 def make_loss(loss_fn: Optional[Callable] = None, target=None) -> Callable:
     """A one-argument loss ``output -> scalar``, the form the FLOP counter takes too, so that the step that is
     counted and the step that is timed compute the same loss. A given ``target`` follows the output's device

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import formulas
+from ..models import default_loss
 from ..report import COUNTED, UNCOUNTED, ZERO, FlopReport
 
 _get_sequence_nr = torch._C._autograd._get_sequence_nr
@@ -209,20 +210,6 @@ def _sdpa_as_on_cpu():
         F.scaled_dot_product_attention = original
 
 
-def _default_loss(output):
-    """Cross-entropy against class 0 for (N, C) logits (the study's loss); else the sum of every float output."""
-    if isinstance(output, torch.Tensor) and output.dim() == 2 and output.dtype.is_floating_point:
-        target = torch.zeros(output.shape[0], dtype=torch.long, device=output.device)
-        return F.cross_entropy(output, target)
-    leaves = [t for t in torch.utils._pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.dtype.is_floating_point]
-    if not leaves:
-        raise ValueError("the model returned no floating-point tensor to take a loss of; pass loss_fn=")
-    total = leaves[0].sum()
-    for t in leaves[1:]:
-        total = total + t.sum()
-    return total
-
-
 def _stand_in(t: torch.Tensor, device: str, is_param: bool, written: bool) -> torch.Tensor:
     if device == "meta":
         s = torch.empty_like(t, device="meta")
@@ -323,7 +310,7 @@ def count_step(
     with _module_hooks(model, counter), grad, sdpa, counter:
         output = _call(model, params, inputs)
         if backward:
-            loss = (loss_fn or _default_loss)(output)
+            loss = (loss_fn or default_loss)(output)
             counter.claim()  # the loss's nodes belong to the root
             counter.phase = "backward"
             loss.backward()
