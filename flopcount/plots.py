@@ -16,6 +16,13 @@ def _pyplot():
     return plt
 
 
+def _save(fig, path: str, plt, dpi: int = 100) -> str:
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
 # --- roofline and intensity sweep (issue: first-principles bottleneck analysis) ------------------------------------
 def plot_roofline(roof, path: str, *, title: str = "") -> str:
     """Log-log roofline of a ``roofline.Roofline``: each op row a point at (intensity, the FLOP/s it can reach),
@@ -53,10 +60,7 @@ def plot_roofline(roof, path: str, *, title: str = "") -> str:
                  + (f", {sp * 1e12:.3g} ps/FLOP" if not math.isnan(sp) else ""), fontsize=10)
     ax.legend(fontsize=7, loc="lower right")
     ax.grid(True, which="both", lw=0.3, alpha=0.5)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path, plt, dpi=120)
 
 
 def plot_intensity_sweep(sweep, path: str) -> str:
@@ -85,10 +89,7 @@ def plot_intensity_sweep(sweep, path: str) -> str:
     lines = ax1.get_lines()[:1] + ax2.get_lines()[:1]
     ax1.legend(lines, [ln.get_label() for ln in lines], fontsize=8, loc="center left")
     ax1.grid(True, which="both", lw=0.3, alpha=0.5)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path, plt, dpi=120)
 
 
 # --- the P100 study (issue: reproduce the P100 utilization study) -------------------------------------------------
@@ -113,13 +114,6 @@ def _grouped_bars(ax, table, *, log: bool = False, fmt=None):
     if log:
         ax.set_yscale("log")
     ax.grid(True, axis="y", lw=0.3, alpha=0.5)
-
-
-def _save(fig, path: str, plt) -> str:
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
 
 
 def plot_study_estimates(results, path: str) -> str:
@@ -265,7 +259,4 @@ def compare_totals(table, path, title: str = ""):
     ax.set_ylabel("GFLOP (1 FMA = 2)")
     ax.set_title(title or "FLOPs by estimator")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path, plt, dpi=120)

@@ -9,6 +9,7 @@ import torch
 
 import flopcount
 from flopcount.estimators.dispatch import count_step
+from helpers import op_flops
 
 
 class TwoLayer(torch.nn.Module):
@@ -22,26 +23,18 @@ class TwoLayer(torch.nn.Module):
         return self.fc2(self.act(self.fc1(x)))
 
 
-def _flops(report, module, phase, op=None):
-    f = report.frame
-    f = f[(f["module"] == module) & (f["phase"] == phase)]
-    if op is not None:
-        f = f[f["op"] == op]
-    return int(f["flops"].sum())
-
-
 def test_matmuls_are_attributed_to_their_module_in_both_phases():
     n = 3
     r = flopcount.count(TwoLayer(), torch.randn(n, 8), loss_fn=lambda out: out.sum())
     # fc1: addmm (3x8)@(8x16) = 2*3*8*16 = 768, + bias 3*16 = 48
-    assert _flops(r, "fc1", "forward", "aten.addmm") == 2 * n * 8 * 16 + n * 16
+    assert op_flops(r, "aten.addmm", "forward", module="fc1") == 2 * n * 8 * 16 + n * 16
     # fc2 has no bias: mm (3x16)@(16x4) = 2*3*16*4 = 384
-    assert _flops(r, "fc2", "forward", "aten.mm") == 2 * n * 16 * 4
+    assert op_flops(r, "aten.mm", "forward", module="fc2") == 2 * n * 16 * 4
     # backward: fc2 grad-input and grad-weight, two mms of the forward's size each
-    assert _flops(r, "fc2", "backward", "aten.mm") == 2 * (2 * n * 16 * 4)
+    assert op_flops(r, "aten.mm", "backward", module="fc2") == 2 * (2 * n * 16 * 4)
     # fc1 is the first layer: its input needs no gradient, so only grad-weight (1 mm) + grad-bias (sum over 3x16)
-    assert _flops(r, "fc1", "backward", "aten.mm") == 2 * n * 8 * 16
-    assert _flops(r, "fc1", "backward", "aten.sum") == n * 16
+    assert op_flops(r, "aten.mm", "backward", module="fc1") == 2 * n * 8 * 16
+    assert op_flops(r, "aten.sum", "backward", module="fc1") == n * 16
     assert set(r.frame["phase"]) == {"forward", "backward"}
     assert r.phases == ("forward", "backward")
 
