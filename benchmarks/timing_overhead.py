@@ -19,7 +19,8 @@ import time
 
 import torch
 
-from flopcount.timing import make_train_step, time_step
+from flopcount.step import make_train_step
+from flopcount.timing import time_step
 
 
 def small_model(width: int) -> torch.nn.Module:

@@ -20,28 +20,22 @@ from __future__ import annotations
 import csv
 import difflib
 import json
+import math
 import os
 import platform
 import re
-import time
 from dataclasses import dataclass
 from importlib import resources
-from typing import Callable, Dict, Mapping, Optional, Tuple
+from typing import Callable, Dict, Mapping, Optional, Tuple, Union
 
-from .errors import FlopcountError
+from .dtypes import PRECISION_DTYPE, precision_of
+from .errors import FlopcountError, UnknownDevice, UnknownPeak
+from .timing import Measurement
 
 PRECISIONS = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp16_nontensor")
 
 _WAY_OUT = ("give a device from `flopcount peaks` with --device-spec NAME (device_spec=...), "
             "or the peak itself with --peak FLOPS (peak=...)")
-
-
-class UnknownDevice(FlopcountError):
-    """The device is not in the peak table (and no peak was given)."""
-
-
-class UnknownPeak(FlopcountError):
-    """The device is known, but the table has no peak for this precision."""
 
 
 @dataclass(frozen=True)
@@ -150,27 +144,7 @@ def list_devices():
     return pd.DataFrame(rows).set_index("name")
 
 
-# --- precision ------------------------------------------------------------------------------------------------------
-_DTYPE_PRECISION = {
-    "float64": "fp64", "double": "fp64", "complex128": "fp64",
-    "float32": "fp32", "float": "fp32", "complex64": "fp32",
-    "float16": "fp16", "half": "fp16",
-    "bfloat16": "bf16",
-}
-
-
-def precision_of(dtype, allow_tf32: bool = False) -> str:
-    """The peak column for work in ``dtype`` (a torch dtype or its name); fp32 becomes tf32 where allowed."""
-    name = str(dtype).replace("torch.", "").strip().lower()
-    if name in PRECISIONS:
-        prec = name
-    elif name in _DTYPE_PRECISION:
-        prec = _DTYPE_PRECISION[name]
-    else:
-        raise UnknownPeak(f"no floating-point peak applies to dtype {name!r}; expected float64/32/16 or bfloat16")
-    return "tf32" if prec == "fp32" and allow_tf32 else prec
-
-
+# --- the peak policy: which peak a piece of work is held against ---------------------------------------------
 def tf32_allowed() -> Dict[str, bool]:
     """Whether CUDA runs fp32 matmul-class ops as TF32 now, per family: matmuls follow
     ``torch.get_float32_matmul_precision()``, cuDNN convolutions ``torch.backends.cudnn.allow_tf32`` (on by
@@ -209,6 +183,94 @@ def effective_peak(flops_by_precision: Mapping[str, float], spec: DeviceSpec) ->
     return total / seconds
 
 
+MATRIX_FAMILIES = frozenset({"matmul", "conv", "attention"})
+
+
+def _tf32_for(tf32, family: str) -> bool:
+    return bool(tf32.get(family, False)) if isinstance(tf32, Mapping) else bool(tf32)
+
+
+def op_precision(dtype, family: str, *, tf32: Union[bool, Mapping[str, bool], None] = None,
+                 spec: Optional[DeviceSpec] = None) -> str:
+    """The peak column that work of op ``family`` in ``dtype`` runs at.
+
+    matmul, conv and attention run on the matrix units: their dtype's peak, TF32 where ``tf32`` (a bool, or per
+    family as ``tf32_allowed()`` gives it) allows it for that family; a device without TF32 (before Ampere) runs
+    it as fp32. Every other family runs on the vector units, and PyTorch's fp16/bf16 kernels compute in fp32
+    (its "opmath" type), so they are held against the fp32 peak (fp64 for fp64)."""
+    matrix = family in MATRIX_FAMILIES
+    prec = precision_of(dtype, allow_tf32=matrix and _tf32_for(tf32, family))
+    if not matrix:
+        return "fp64" if prec == "fp64" else "fp32"
+    if prec == "tf32" and spec is not None and "tf32" not in spec.peaks:
+        return "fp32"
+    return prec
+
+
+def precision_mix(report, *, tf32: Union[bool, Mapping[str, bool], None] = None,
+                  spec: Optional[DeviceSpec] = None) -> Dict[str, float]:
+    """precision -> FLOPs of a step's matrix-family ops (of all its ops where it has none): what decides the
+    step's peak. ``report`` is a FlopReport or its frame (columns family, dtype, flops)."""
+    f = getattr(report, "frame", report)
+    f = f[f["flops"] > 0]
+    m = f[f["family"].isin(MATRIX_FAMILIES)]
+    if m.empty:
+        m = f
+    mix: Dict[str, float] = {}
+    for (family, dtype), flops in m.groupby(["family", "dtype"])["flops"].sum().items():
+        try:
+            prec = op_precision(dtype, family, tf32=tf32, spec=spec)
+        except UnknownPeak:
+            continue  # integer work carries no FLOPs; an unknown dtype cannot pick a peak
+        mix[prec] = mix.get(prec, 0.0) + float(flops)
+    return mix
+
+
+def step_peak(report, spec: DeviceSpec, *, tf32: Union[bool, Mapping[str, bool], None] = None) -> float:
+    """THE peak a step is held against on ``spec``: the effective peak of its precision mix (fp32 with none)."""
+    mix = precision_mix(report, tf32=tf32, spec=spec)
+    return effective_peak(mix, spec) if mix else spec.peak("fp32")
+
+
+def resolve_peak(mix: Mapping[str, float], *, device, peak=None,
+                 device_spec=None) -> Tuple[float, str, Optional[DeviceSpec]]:
+    """(peak FLOP/s, its source, the spec it came from or None) of a step's precision mix on ``device``:
+    ``peak`` (a number) > ``device_spec`` (a name or DeviceSpec) > the device's own (the GPU's name looked up in
+    the table, or this CPU measured). Used by utilization, the study and the roofline alike."""
+    import torch
+
+    if peak is not None:
+        try:
+            value = float(peak)
+        except (TypeError, ValueError):
+            raise FlopcountError(f"peak must be a number of FLOP/s (like 9.3e12), not {peak!r}") from None
+        if not math.isfinite(value) or value <= 0:
+            raise FlopcountError(f"peak must be a positive number of FLOP/s, not {peak!r}")
+        return value, "given", None
+    device = torch.device(device)
+    if device_spec is not None:
+        spec = device_spec if isinstance(device_spec, DeviceSpec) else get_device(device_spec)
+    elif device.type == "cuda":
+        reported = torch.cuda.get_device_name(device)
+        try:
+            spec = get_device(reported)
+        except UnknownDevice:
+            raise UnknownDevice(f"this GPU reports itself as {reported!r}, which is not in the peak table; "
+                                + _WAY_OUT) from None
+    elif device.type == "cpu":
+        spec = cpu_spec(mix_dtypes(mix))
+    else:
+        raise UnknownDevice(f"no peak is known for device {str(device)!r}; " + _WAY_OUT)
+    value = effective_peak(mix, spec) if mix else spec.peak("fp32")
+    names = "/".join(p for p in mix) or "fp32"
+    return value, f"{spec.name}, {names}: {spec.source}", spec
+
+
+def mix_dtypes(mix: Mapping[str, float]) -> list:
+    """The dtypes whose CPU peak a mix needs (float32 when empty)."""
+    return sorted({PRECISION_DTYPE[p] for p in mix if p in PRECISION_DTYPE} or {"float32"})
+
+
 # --- the CPU: a measured peak ------------------------------------------------------------------------------------
 def cpu_model() -> str:
     """The CPU's model name (from /proc/cpuinfo on Linux), for the cache key and the report."""
@@ -230,48 +292,49 @@ def cache_path() -> str:
     return os.path.join(base, "cpu_peaks.json")
 
 
-def probe_matmul(dtype: str = "float32", *, max_n: int = 4096, budget_s: float = 2.0, repeats: int = 3) -> float:
-    """Best FLOP/s of square matrix products of ``dtype`` on the CPU, with this process's thread count.
+def probe_matmul(dtype: str = "float32", *, max_n: int = 4096, budget_s: float = 2.0, repeats: int = 3) -> Measurement:
+    """Square matrix products of ``dtype`` on the CPU, with this process's thread count: the timings of the
+    largest size tried, with its FLOPs per run as ``work`` (the peak is ``rate(best=True)``).
 
-    The size grows by half from 256 while a product takes under a twelfth of ``budget_s`` (up to ``max_n``), and every
-    size's best run counts: large products reach the highest rate, and a dtype the CPU computes slowly (bf16
-    without hardware support) stays small instead of running for minutes. The best run is kept, not the mean:
-    a peak is what the hardware can do, and noise only ever slows it.
+    The size grows by half from 256 while a product takes under a twelfth of ``budget_s`` (up to ``max_n``):
+    large products reach the highest rate, and a dtype the CPU computes slowly (bf16 without hardware support)
+    stays small instead of running for minutes. A peak is what the hardware can do and noise only ever slows it,
+    so the fastest run is the figure; the spread says how busy the machine was.
     """
     import torch
 
+    from .timing import measure
+
     dt = getattr(torch, dtype)
-    best = 0.0
     n = 256
     while True:
         a = torch.randn(n, n).to(dt)
         b = torch.randn(n, n).to(dt)
-        torch.mm(a, b)  # first call: allocation, packing and thread start-up are not the rate
-        fastest = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            torch.mm(a, b)
-            fastest = min(fastest, time.perf_counter() - t0)
-        best = max(best, 2.0 * n ** 3 / fastest)
-        if fastest >= budget_s / 12 or n >= max_n:
-            return best
+        m = measure(lambda: torch.mm(a, b), repeats=repeats, warmup=1, label=f"{dtype} matmul {n}")
+        m.work = 2.0 * n ** 3
+        if m.min >= budget_s / 12 or n >= max_n:
+            return m
         n = min(max_n, n * 3 // 2)
 
 
-def probe_bandwidth(*, mbytes: int = 256, repeats: int = 3) -> float:
-    """Best bytes/s of a large tensor copy (read once + write once), the memory-bound counterpart of the peak."""
+def probe_bandwidth(*, mbytes: int = 256, repeats: int = 3) -> Measurement:
+    """Timings of a large tensor copy (read once + write once), the memory-bound counterpart of the peak;
+    ``rate(best=True)`` is the bandwidth in bytes/s."""
     import torch
+
+    from .timing import measure
 
     n = mbytes * 2 ** 20 // 4
     src = torch.ones(n)
     dst = torch.empty_like(src)
-    dst.copy_(src)
-    best = 0.0
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        best = max(best, 2.0 * src.numel() * 4 / (time.perf_counter() - t0))
-    return best
+    m = measure(lambda: dst.copy_(src), repeats=repeats, warmup=1, label=f"copy {mbytes} MiB")
+    m.work = 2.0 * n * 4
+    return m
+
+
+def _best_rate(reading) -> float:
+    """A probe's figure: the fastest run's rate of a Measurement, or a plain number (an injected probe)."""
+    return reading.rate(best=True) if isinstance(reading, Measurement) else float(reading)
 
 
 def _read_cache(path: str) -> dict:
@@ -313,7 +376,7 @@ def cpu_spec(dtypes=("float32",), *, threads: Optional[int] = None, refresh: boo
     def measured(key, measure):
         nonlocal changed
         if refresh or key not in cache:
-            cache[key] = max(float(measure()), float(cache.get(key, 0.0)))
+            cache[key] = max(_best_rate(measure()), float(cache.get(key, 0.0)))
             changed = True
         return float(cache[key])
 

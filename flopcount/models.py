@@ -11,7 +11,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from .errors import FlopcountError
+from .errors import FlopcountError, InputShapeError, ModelSpecError, one_line
 
 # The 13 models of the 2021 P100 study, in the study's order.
 STUDY_MODELS = (
@@ -22,14 +22,6 @@ STUDY_MODELS = (
 DEFAULT_IMAGE_SHAPE = (3, 224, 224)
 # torchvision models whose natural input is not 3x224x224
 _INPUT_SHAPES = {"inception_v3": (3, 299, 299)}
-
-
-class ModelSpecError(FlopcountError):
-    """The model spec does not resolve to a model."""
-
-
-class InputShapeError(FlopcountError):
-    """The input shape is malformed or does not fit the model."""
 
 
 def _torchvision_builder(name: str):
@@ -70,12 +62,31 @@ def load_model(spec: str, *, num_classes: Optional[int] = None, device: str = "c
     except FlopcountError:
         raise
     except Exception as exc:  # the user's factory raised: one line, with its own message
-        raise ModelSpecError(f"building model {spec!r} failed: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+        raise ModelSpecError(f"building model {spec!r} failed: {one_line(exc)}") from None
     if not isinstance(model, torch.nn.Module):
         raise ModelSpecError(f"{spec!r} gave a {type(model).__name__}, not a torch.nn.Module")
     if device != "meta" and isinstance(model, torch.nn.Module) and ":" in spec:
         model = model.to(device)
     return model.train(), name
+
+
+def build(spec: str, *, batch: int = 1, input_shape=None, num_classes: Optional[int] = None, device: str = "meta",
+          dtype=None, random: bool = False):
+    """(model, a batch of its example input, display name) from a model spec: the one entry point every command
+    takes a MODEL through. ``dtype`` converts both; ``random`` fills the input with seeded random values (for
+    estimators that really run the model; meta needs none)."""
+    from .dtypes import parse_dtype
+    from .step import random_on
+
+    dtype = parse_dtype(dtype)
+    model, name = load_model(spec, num_classes=num_classes, device=device)
+    if dtype is not None:
+        model = model.to(dtype)
+    inputs = example_inputs(model, name, batch=batch, input_shape=input_shape, device=device,
+                            dtype=dtype or torch.float32)
+    if random:
+        inputs = random_on(inputs, device, generator=torch.Generator().manual_seed(0))
+    return model, inputs, name
 
 
 def _resolve_attr(spec: str):
@@ -92,12 +103,12 @@ def _resolve_attr(spec: str):
         try:
             loader_spec.loader.exec_module(module)
         except Exception as exc:
-            raise ModelSpecError(f"importing {target!r} failed: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+            raise ModelSpecError(f"importing {target!r} failed: {one_line(exc)}") from None
     else:
         try:
             module = importlib.import_module(target)
         except Exception as exc:
-            raise ModelSpecError(f"cannot import {target!r}: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+            raise ModelSpecError(f"cannot import {target!r}: {one_line(exc)}") from None
     obj = module
     for part in attr.split("."):
         if not hasattr(obj, part):
@@ -144,24 +155,3 @@ def example_inputs(model: torch.nn.Module, name: str = "", *, batch: int = 1, in
         return own(int(batch))
     shape = sample_shape(model, name, input_shape)
     return torch.empty((int(batch),) + shape, device=device, dtype=dtype)
-
-
-
-def default_loss(output, target=None):
-    """The loss of a step when none is given: cross-entropy for (N, C) logits (against ``target``, or class 0: the
-    study's loss); else the sum of every floating-point output. The counter and the timer share it, so that the
-    step counted is the step timed."""
-    import torch.nn.functional as F
-
-    if isinstance(output, torch.Tensor) and output.dim() == 2 and output.dtype.is_floating_point:
-        if target is None:
-            target = torch.zeros(output.shape[0], dtype=torch.long, device=output.device)
-        return F.cross_entropy(output, target.to(output.device))
-    leaves = [t for t in torch.utils._pytree.tree_leaves(output)
-              if isinstance(t, torch.Tensor) and t.dtype.is_floating_point]
-    if not leaves:
-        raise FlopcountError("the model returned no floating-point tensor to take a loss of; pass loss_fn=")
-    total = leaves[0].sum()
-    for t in leaves[1:]:
-        total = total + t.sum()
-    return total

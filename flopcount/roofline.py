@@ -6,16 +6,11 @@ Per op (from a dispatch report, no device needed): intensity = FLOPs / bytes aga
 this is the step's roofline time; a measured step time above it is time that neither compute nor bandwidth
 explains: overhead (Python, dispatch, kernel launches) and inefficiency (kernels below their ceiling).
 
-Per model (needs the device): the batch-doubling test. If doubling the batch adds little time (under 10% by
-default), the time is not going into the work itself: the step is overhead-bound.
+Per model, the batch-doubling test that tells overhead apart lives in ``flopcount.overhead``.
 
-Which peak an op is held against:
-
-* matmul, conv and attention run on the matrix units: the peak of their dtype (``devices.precision_of``), TF32
-  where allowed and the device has it, otherwise fp32.
-* Every other family (pointwise, norm, reduction, pooling, memory) runs on the ordinary vector units, and
-  PyTorch's kernels for fp16/bf16 compute in fp32 (its "opmath" type), so they are held against the fp32 peak
-  (fp64 for fp64).
+Which peak an op is held against is ``devices.op_precision`` (matrix families at their dtype's peak, TF32 where
+allowed; every other family at fp32), and the step as a whole against ``devices.precision_mix``: the one peak
+policy that utilization and the study use too.
 
 Bytes follow the report's rule (each input read once, each output written once), a lower bound: the roofline
 time is a lower bound too. Rows of the report are (module, op, phase, dtype); where a module calls the same op
@@ -25,15 +20,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, List, Optional, Sequence, Union
+from typing import List, Optional, Sequence, Union
 
 import pandas as pd
 
-from .devices import DeviceSpec, UnknownPeak, effective_peak, precision_of
+from .devices import MATRIX_FAMILIES, DeviceSpec, UnknownPeak, effective_peak, op_precision, precision_mix
 from .errors import FlopcountError
 from .report import FlopReport, UNCOUNTED
 
-MATRIX_FAMILIES = frozenset({"matmul", "conv", "attention"})
 COMPUTE, MEMORY, NONE = "compute", "memory", "-"
 
 
@@ -47,16 +41,6 @@ def intensity(flops: float, nbytes: float) -> float:
     if nbytes > 0:
         return flops / nbytes
     return math.inf if flops > 0 else math.nan
-
-
-def op_precision(dtype, family: str = "matmul", *, allow_tf32: bool = False, spec: Optional[DeviceSpec] = None) -> str:
-    """The peak column that work of ``family`` in ``dtype`` runs at (see the module docstring)."""
-    prec = precision_of(dtype, allow_tf32=allow_tf32 and family in MATRIX_FAMILIES)
-    if family not in MATRIX_FAMILIES:
-        return "fp64" if prec == "fp64" else "fp32"
-    if prec == "tf32" and spec is not None and "tf32" not in spec.peaks:
-        return "fp32"  # before Ampere the hardware runs "TF32" matmuls as fp32
-    return prec
 
 
 def _bandwidth(spec: DeviceSpec) -> float:
@@ -85,9 +69,13 @@ def roofline_time(flops: float, nbytes: float, peak: float, bandwidth: float) ->
 def classify(flops: float, nbytes: float, spec: DeviceSpec, precision: str = "fp32") -> str:
     """``"compute"`` or ``"memory"``: which ceiling bounds the op (at the ridge itself, compute); ``"-"`` for
     an op that does nothing (a view)."""
+    return _bound(flops, nbytes, intensity(flops, nbytes), ridge_point(spec, precision))
+
+
+def _bound(flops: float, nbytes: float, op_intensity: float, ridge: float) -> str:
     if flops <= 0 and nbytes <= 0:
         return NONE
-    return COMPUTE if intensity(flops, nbytes) >= ridge_point(spec, precision) else MEMORY
+    return COMPUTE if op_intensity >= ridge else MEMORY
 
 
 # --- a step --------------------------------------------------------------------------------------------------------
@@ -105,6 +93,7 @@ class Roofline:
     batch_size: Optional[int] = None
     measured_seconds: Optional[float] = None
     notes: List[str] = field(default_factory=list)
+    tf32: Union[bool, dict] = False
 
     @property
     def flops(self) -> int:
@@ -129,14 +118,19 @@ class Roofline:
         return self.flops / self.seconds if self.seconds else math.nan
 
     @property
+    def peak_flops(self) -> float:
+        """The peak the step is held against: ``devices.precision_mix`` of its ops, as utilization and the
+        study take it."""
+        mix = precision_mix(self.ops, tf32=self.tf32, spec=self.spec)
+        return effective_peak(mix, self.spec) if mix else self.spec.peak("fp32")
+
+    @property
     def utilization_ceiling(self) -> float:
-        """The highest utilization the step can reach on this device: attainable FLOP/s over the effective peak
-        of its FLOPs' precisions (``devices.effective_peak``). Below 1 wherever memory-bound ops take time."""
-        by_prec = self.ops.groupby("precision")["flops"].sum()
-        by_prec = {p: float(v) for p, v in by_prec.items() if v > 0}
-        if not by_prec or not self.seconds:
+        """The highest utilization the step can reach on this device: attainable FLOP/s over the step's peak.
+        Below 1 wherever memory-bound ops take time."""
+        if not self.flops or not self.seconds:
             return math.nan
-        return self.attainable_flop_per_s / effective_peak(by_prec, self.spec)
+        return self.attainable_flop_per_s / self.peak_flops
 
     @property
     def memory_bound_share(self) -> float:
@@ -178,7 +172,8 @@ class Roofline:
             "model": self.model, "batch_size": self.batch_size, "device": self.spec.name,
             "bandwidth": self.spec.bandwidth, "flops": self.flops, "bytes": self.bytes,
             "roofline_seconds": self.seconds, "seconds_per_flop": self.seconds_per_flop,
-            "attainable_flop_per_s": self.attainable_flop_per_s, "utilization_ceiling": self.utilization_ceiling,
+            "attainable_flop_per_s": self.attainable_flop_per_s, "peak_flops": self.peak_flops,
+            "utilization_ceiling": self.utilization_ceiling,
             "memory_bound_share": self.memory_bound_share, "measured_seconds": self.measured_seconds,
             "unexplained_seconds": self.unexplained_seconds, "unexplained_share": self.unexplained_share,
             "notes": list(self.notes),
@@ -212,7 +207,7 @@ def analyze(report: FlopReport, spec: DeviceSpec, *, allow_tf32: Union[bool, dic
     precisions, peaks = [], []
     for dtype, family, flops in zip(f["dtype"], f["family"], f["flops"]):
         try:
-            prec = op_precision(dtype, family, allow_tf32=tf32.get(family, False), spec=spec)
+            prec = op_precision(dtype, family, tf32=tf32, spec=spec)
         except UnknownPeak:
             if flops:  # float work in a dtype the table has no column for
                 raise RooflineError(f"no peak applies to {dtype!r} work") from None
@@ -226,10 +221,7 @@ def analyze(report: FlopReport, spec: DeviceSpec, *, allow_tf32: Union[bool, dic
     f["t_compute"] = f["flops"] / f["peak"]
     f["t_memory"] = f["bytes"] / bandwidth
     f["t_roofline"] = f[["t_compute", "t_memory"]].max(axis=1)
-    f["bound"] = [
-        NONE if (a <= 0 and b <= 0) else (COMPUTE if i >= r else MEMORY)
-        for a, b, i, r in zip(f["flops"], f["bytes"], f["intensity"], f["ridge"])
-    ]
+    f["bound"] = [_bound(a, b, i, r) for a, b, i, r in zip(f["flops"], f["bytes"], f["intensity"], f["ridge"])]
     total = float(f["t_roofline"].sum())
     f["share"] = f["t_roofline"] / total if total else math.nan
 
@@ -241,151 +233,22 @@ def analyze(report: FlopReport, spec: DeviceSpec, *, allow_tf32: Union[bool, dic
     if measured_seconds is not None and measured_seconds < total:
         notes.append("the measured time is below the roofline time: the device spec does not describe this run")
     return Roofline(ops=f.reset_index(drop=True), spec=spec, model=report.model, batch_size=report.batch_size,
-                    measured_seconds=measured_seconds, notes=notes)
+                    measured_seconds=measured_seconds, notes=notes, tf32=tf32)
 
 
-# --- the overhead test ---------------------------------------------------------------------------------------------
-OVERHEAD_BOUND, SCALES, OOM = "overhead-bound", "scales with batch", "out of memory"
+def from_spec(spec: str, device_spec, *, batch: int = 1, dtype="float32", tf32: Union[bool, dict] = False,
+              measured_seconds: Optional[float] = None, input_shape=None, num_classes=None) -> Roofline:
+    """The roofline of a model spec's training step (counted on meta, nothing run) on a named device: the one
+    pipeline of ``flopcount roofline`` and the study's roofline figure."""
+    from .devices import get_device
+    from .errors import model_errors
+    from .estimators.dispatch import count_step
+    from .models import build
 
-OVERHEAD_CAVEAT = (
-    "a time that stays flat as the batch grows can also mean the device is not yet full (a small-batch matmul "
-    "fills few of a GPU's units, or few of a CPU's vector lanes): that is under-use, not framework overhead; a "
-    "profiler's gaps between kernels tell the two apart"
-)
-
-
-class LadderError(FlopcountError):
-    """The batch ladder is malformed."""
-
-
-def parse_batches(text: Union[str, Iterable[int]]) -> List[int]:
-    """``"1,2,4,8"`` -> [1, 2, 4, 8]: at least two positive, strictly increasing batch sizes."""
-    try:
-        batches = [int(s) for s in str(text).split(",") if s.strip()] if isinstance(text, str) else [int(b) for b in text]
-    except ValueError:
-        raise LadderError(f"bad batch ladder {text!r}; expected increasing positive integers like 1,2,4,8") from None
-    if len(batches) < 2 or any(b < 1 for b in batches) or any(b2 <= b1 for b1, b2 in zip(batches, batches[1:])):
-        raise LadderError(f"bad batch ladder {text!r}; expected at least two increasing positive integers like 1,2,4,8")
-    return batches
-
-
-@dataclass
-class OverheadResult:
-    """Time per step along a batch ladder. ``frame``: batch, seconds, spread, per_sample, growth (the time
-    factor per doubling of the batch from the previous rung), added (growth - 1) and the verdict of that step."""
-
-    frame: pd.DataFrame
-    threshold: float
-    model: str = ""
-    device: str = ""
-    notes: List[str] = field(default_factory=list)
-
-    @property
-    def overhead_bound_up_to(self) -> Optional[int]:
-        """The largest batch reached by an unbroken run of overhead-bound doublings from the ladder's start
-        (None where the first doubling already scales)."""
-        last = None
-        for batch, verdict in zip(self.frame["batch"], self.frame["verdict"]):
-            if verdict == OVERHEAD_BOUND:
-                last = int(batch)
-            elif verdict != "":
-                break
-        return last
-
-    @property
-    def verdict(self) -> str:
-        upto = self.overhead_bound_up_to
-        pct = f"{self.threshold:.0%}"
-        if upto is None:
-            return f"not overhead-bound: the first doubling of the batch adds at least {pct} to the step time"
-        return (f"overhead-bound up to batch {upto}: doubling the batch there adds less than {pct} to the step time")
-
-
-def overhead_ladder(timer: Callable[[int], object], batches: Iterable[int], *, threshold: float = 0.10,
-                    stat: str = "median", model: str = "", device: str = "",
-                    progress: Optional[Callable] = None) -> OverheadResult:
-    """Time a step at each batch of the ladder and say where doubling the batch adds less than ``threshold``.
-
-    ``timer(batch)`` returns seconds per step, or an object with ``median``, ``spread`` and ``times`` such as
-    ``timing.StepTiming``. ``stat="min"`` takes the fastest step instead of the median: on a machine shared with
-    other work, interference only ever adds time, so the fastest step is the closest to the step's own cost.
-    The timer may raise ``timing.OutOfMemory`` (or ``MemoryError``): the rung is recorded as out of
-    memory and the ladder stops, since a larger batch will not fit either. A ladder that is not made of doublings
-    is compared per doubling: ``growth = (t2 / t1) ** (1 / log2(b2 / b1))``.
-    """
-    if not (0 < threshold < 1):
-        raise LadderError(f"threshold must be between 0 and 1, not {threshold!r}")
-    if stat not in ("median", "min"):
-        raise LadderError(f"stat must be median or min, not {stat!r}")
-    batches = parse_batches(list(batches))
-    oom_types = _oom_types()
-    rows = []
-    prev = None
-    for batch in (progress(batches) if progress else batches):
-        try:
-            res = timer(batch)
-        except oom_types:
-            rows.append(dict(batch=batch, seconds=math.nan, spread=math.nan, per_sample=math.nan,
-                             growth=math.nan, added=math.nan, verdict=OOM))
-            break
-        if isinstance(res, (int, float)):
-            seconds = float(res)
-        elif stat == "min" and getattr(res, "times", None):
-            seconds = float(min(res.times))
-        else:
-            seconds = float(res.median)
-        spread = float(getattr(res, "spread", math.nan) if not isinstance(res, (int, float)) else math.nan)
-        if not seconds > 0:
-            raise LadderError(f"the timer gave {seconds!r} s at batch {batch}; expected a positive time")
-        growth = added = math.nan
-        verdict = ""
-        if prev is not None:
-            doublings = math.log2(batch / prev[0])
-            growth = (seconds / prev[1]) ** (1.0 / doublings)
-            added = growth - 1.0
-            verdict = OVERHEAD_BOUND if added < threshold else SCALES
-        rows.append(dict(batch=batch, seconds=seconds, spread=spread, per_sample=seconds / batch,
-                         growth=growth, added=added, verdict=verdict))
-        prev = (batch, seconds)
-    return OverheadResult(frame=pd.DataFrame(rows), threshold=threshold, model=model, device=device,
-                          notes=[OVERHEAD_CAVEAT])
-
-
-def _oom_types() -> tuple:
-    types = [MemoryError]
-    try:
-        from .timing import OutOfMemory
-
-        types.append(OutOfMemory)
-    except ImportError:
-        pass
-    return tuple(types)
-
-
-def step_timer(model, name: str = "", *, device: str = "cpu", input_shape=None, steps: int = 5,
-               warmup: int = 2, min_seconds: float = 0.0, max_steps: int = 500) -> Callable[[int], object]:
-    """``batch -> StepTiming`` for a real training step (forward, loss, backward, SGD step) of ``model``, already
-    on ``device``: the ladder's timer. With ``min_seconds``, a fast step is timed more often (up to
-    ``max_steps``) so that each rung spends at least that long: sub-millisecond steps need many samples."""
-    import time
-
-    import torch
-
-    from .models import example_inputs
-    from .timing import make_train_step, time_step
-
-    def timer(batch: int):
-        inputs = example_inputs(model, name, batch=batch, input_shape=input_shape, device="cpu")
-        if isinstance(inputs, torch.Tensor) and inputs.dtype.is_floating_point:
-            inputs = torch.randn_like(inputs)  # empty memory may hold NaNs or denormals, which run slower
-        inputs = torch.utils._pytree.tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, inputs)
-        step = make_train_step(model, inputs)
-        n = steps
-        if min_seconds > 0:
-            t0 = time.perf_counter()
-            time_step(step, device=device, steps=1, warmup=warmup)
-            one = max(time.perf_counter() - t0, 1e-9) / (warmup + 1)
-            n = int(min(max(steps, math.ceil(min_seconds / one)), max(steps, max_steps)))
-        return time_step(step, device=device, steps=n, warmup=1)
-
-    return timer
+    spec_ = device_spec if isinstance(device_spec, DeviceSpec) else get_device(device_spec)
+    if measured_seconds is not None and not measured_seconds > 0:
+        raise RooflineError(f"a measured step time must be a positive number of seconds, not {measured_seconds}")
+    model, inputs, name = build(spec, batch=batch, input_shape=input_shape, num_classes=num_classes, dtype=dtype)
+    with model_errors(name, inputs):
+        report = count_step(model, inputs, model_name=name)
+    return analyze(report, spec_, allow_tf32=tf32, measured_seconds=measured_seconds)

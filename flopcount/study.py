@@ -256,10 +256,11 @@ class TorchBackend:
         import torch
 
         from . import timing
+        from .step import make_train_step
 
         model = self._model(name)
         x = torch.rand((batch,) + tuple(self.config.image_shape), device=self.device)
-        step = timing.make_train_step(model, x)
+        step = make_train_step(model, x)
         t = timing.time_step(step, device=self.device, steps=self.config.steps, warmup=self.config.warmup)
         return float(t.median), float(t.spread)
 
@@ -267,6 +268,7 @@ class TorchBackend:
         import torch
 
         from . import timing
+        from .step import make_train_step
 
         loader = torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=False,
                                              num_workers=self.config.workers)

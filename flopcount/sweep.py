@@ -46,7 +46,7 @@ def time_call(fn: Callable[[], object], device, *, repeats: int = 5, warmup: int
     machine only ever slows a run down."""
     from .timing import time_step
 
-    return min(time_step(fn, device=device, steps=repeats, warmup=warmup).times)
+    return time_step(fn, device=device, steps=repeats, warmup=warmup).min
 
 
 def repeated_mul(r: int) -> Callable:

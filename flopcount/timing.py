@@ -7,8 +7,8 @@
 * On the CPU the work is done when ``step()`` returns: ``time.perf_counter``, one read per step.
 * Warm-up steps (allocator growth, cuDNN autotuning, lazy optimizer state) run first and are never timed; the
   device is synchronised after them so that their queued work cannot leak into the first timed step.
-* The result is the median of the timed steps (robust to one slow step) and their spread (the median absolute
-  deviation from it).
+* The result is a ``Measurement``: the timed steps, their median (robust to one slow step) and their spread
+  (the interquartile range), the form every timing of the toolkit takes (the CPU probe, the sweep, the ladder).
 * Out of memory, on either device, becomes ``OutOfMemory`` (a FlopcountError) that a caller can catch and record.
 
 The clock and the CUDA API (``Event(enable_timing=True)`` with ``record()``/``elapsed_time()``, and
@@ -16,6 +16,7 @@ The clock and the CUDA API (``Event(enable_timing=True)`` with ``record()``/``el
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from contextlib import contextmanager
@@ -24,50 +25,97 @@ from typing import Callable, List, Optional, Tuple
 
 import torch
 
-from .errors import FlopcountError
-from .models import default_loss
+from .errors import OutOfMemory, TimingError, is_oom, one_line
+from .step import batch_size_of, default_optimizer, make_loss, split_batch, to_device, train_step_fn
 
-
-class OutOfMemory(FlopcountError):
-    """The step did not fit in the device's memory at this batch size."""
-
-
-class TimingError(FlopcountError):
-    """The step cannot be timed as asked (bad step count, a device this timer does not know)."""
+__all__ = ["Measurement", "OutOfMemory", "TimingError", "oom_as_error", "time_step", "time_epoch", "measure"]
 
 
 @dataclass
-class StepTiming:
-    """Seconds per step: ``median`` and ``spread`` (median absolute deviation) of ``times``, the timed steps."""
+class Measurement:
+    """Repeated timings of one thing, in seconds, in the spirit of ``torch.utils.benchmark.Measurement``:
+    ``median`` with the interquartile range ``iqr`` (``q1``..``q3``) and the number of ``runs``. ``min`` is there
+    for readers on a shared machine, where other work only ever adds time."""
 
-    median: float
-    spread: float
     times: List[float]
-    warmup: int
-    steps: int
+    warmup: int = 0
     clock: str = "perf_counter"
+    label: str = ""
+    work: float = 0.0  # what one run does (FLOPs, bytes), where a rate is wanted
+
+    def __post_init__(self):
+        self.times = [float(t) for t in self.times]
+        if not self.times:
+            raise TimingError("a measurement needs at least one timed run")
+
+    @property
+    def runs(self) -> int:
+        return len(self.times)
+
+    steps = runs
+
+    @property
+    def median(self) -> float:
+        return float(statistics.median(self.times))
+
+    @property
+    def min(self) -> float:
+        return min(self.times)
+
+    @property
+    def mean(self) -> float:
+        return float(statistics.fmean(self.times))
+
+    @property
+    def q1(self) -> float:
+        return self._quartiles()[0]
+
+    @property
+    def q3(self) -> float:
+        return self._quartiles()[2]
+
+    @property
+    def iqr(self) -> float:
+        q1, _, q3 = self._quartiles()
+        return q3 - q1
+
+    spread = iqr
+
+    def _quartiles(self) -> Tuple[float, float, float]:
+        if len(self.times) == 1:
+            return (self.times[0],) * 3
+        q = statistics.quantiles(self.times, n=4, method="inclusive")
+        return q[0], q[1], q[2]
+
+    def rate(self, amount: Optional[float] = None, *, best: bool = False) -> float:
+        """``amount`` (default ``work``) per second at the median, or at the fastest run with ``best``."""
+        t = self.min if best else self.median
+        amount = self.work if amount is None else amount
+        return amount / t if t > 0 else math.inf
+
+    def text(self, scale: float = 1.0, unit: str = "s") -> str:
+        """``0.214 s (IQR 0.0031, 5 runs)``: the figure with its spread, as the CLI prints every time."""
+        return f"{self.median * scale:.4g} {unit} (IQR {self.iqr * scale:.2g}, {self.runs} runs)"
 
     def to_dict(self) -> dict:
-        return {"median": self.median, "spread": self.spread, "times": list(self.times), "warmup": self.warmup,
-                "steps": self.steps, "clock": self.clock}
+        return {"median": self.median, "iqr": self.iqr, "q1": self.q1, "q3": self.q3, "min": self.min,
+                "runs": self.runs, "times": list(self.times), "warmup": self.warmup, "clock": self.clock}
 
 
-def summarize(times: List[float], *, warmup: int, clock: str) -> StepTiming:
-    med = statistics.median(times)
-    spread = statistics.median(abs(t - med) for t in times)
-    return StepTiming(median=med, spread=spread, times=list(times), warmup=warmup, steps=len(times), clock=clock)
-
-
-# --- out of memory ------------------------------------------------------------------------------------------------
-_OOM_TEXT = ("out of memory", "can't allocate memory", "cannot allocate memory", "failed to allocate")
-
-
-def is_oom(exc: BaseException) -> bool:
-    oom_type = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
-    if oom_type is not None and isinstance(exc, oom_type):
-        return True
-    return isinstance(exc, (RuntimeError, MemoryError)) and (
-        isinstance(exc, MemoryError) or any(s in str(exc).lower() for s in _OOM_TEXT))
+def measure(fn: Callable[[], object], *, repeats: int = 3, warmup: int = 1, clock: Optional[Callable] = None,
+            label: str = "") -> Measurement:
+    """Time ``fn()`` on the host clock ``repeats`` times after ``warmup`` untimed calls (work that is done when
+    ``fn`` returns: CPU work; for a GPU use ``time_step``)."""
+    clock = clock or time.perf_counter
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = clock()
+        fn()
+        times.append(clock() - t0)
+    return Measurement(times, warmup=warmup, clock="perf_counter" if clock is time.perf_counter else "injected",
+                       label=label)
 
 
 @contextmanager
@@ -80,77 +128,12 @@ def oom_as_error(what: str = "the training step", cuda=None):
     except BaseException as exc:
         if not is_oom(exc):
             raise
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        first = one_line(exc, 200)
         del exc  # the traceback pins the step's tensors; let them go before freeing the cache
         api = cuda if cuda is not None else (torch.cuda if torch.cuda.is_available() else None)
         if api is not None and hasattr(api, "empty_cache"):
             api.empty_cache()
-        raise OutOfMemory(f"out of memory in {what}: {first[:200]}") from None
-
-
-# --- the training step --------------------------------------------------------------------------------------------
-def make_loss(loss_fn: Optional[Callable] = None, target=None) -> Callable:
-    """A one-argument loss ``output -> scalar``, the form the FLOP counter takes too, so that the step that is
-    counted and the step that is timed compute the same loss. A given ``target`` follows the output's device
-    (meta while counting)."""
-    fn = loss_fn or default_loss
-    if target is None:
-        return fn if loss_fn is not None else (lambda out: default_loss(out))
-
-    def loss(out):
-        ref = out if isinstance(out, torch.Tensor) else torch.utils._pytree.tree_leaves(out)[0]
-        t = target.to(ref.device) if isinstance(target, torch.Tensor) else target
-        return fn(out, t)
-
-    return loss
-
-
-def call_model(model, inputs):
-    if isinstance(inputs, dict):
-        return model(**inputs)
-    if isinstance(inputs, tuple):
-        return model(*inputs)
-    return model(inputs)
-
-
-def default_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
-    # Plain SGD: its step costs the same every time (no lazily created state), so the counted step and the
-    # timed steps agree.
-    return torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.01)
-
-
-def train_step_fn(model, *, loss: Callable, optimizer) -> Callable:
-    """``run(inputs)``: forward, loss, backward, optimizer step, zero_grad. Nothing reads a value back to the
-    host, so on a GPU the step only queues work."""
-
-    def run(inputs):
-        out = call_model(model, inputs)
-        value = loss(out)
-        value.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return value
-
-    return run
-
-
-def make_train_step(model, batch, *, loss_fn=None, optimizer=None, target=None) -> Callable:
-    """A zero-argument training step of ``model`` on ``batch`` (already on the model's device).
-
-    ``loss_fn(output)`` or, with ``target``, ``loss_fn(output, target)``; default cross-entropy (class 0 when no
-    target). ``optimizer`` defaults to SGD(lr=0.01) over the model's parameters: the step trains the model.
-    The step's ``loss`` and ``optimizer`` are attached to it so that a FLOP count can use the same ones.
-    """
-    loss = make_loss(loss_fn, target)
-    optimizer = optimizer if optimizer is not None else default_optimizer(model)
-    run = train_step_fn(model, loss=loss, optimizer=optimizer)
-
-    def step():
-        return run(batch)
-
-    step.loss = loss
-    step.optimizer = optimizer
-    return step
+        raise OutOfMemory(f"out of memory in {what}: {first}") from None
 
 
 # --- timers -------------------------------------------------------------------------------------------------------
@@ -167,7 +150,7 @@ def _check_counts(steps: int, warmup: int) -> None:
 
 
 def time_step(step: Callable, *, device, steps: int = 5, warmup: int = 2, clock: Optional[Callable] = None,
-              cuda=None) -> StepTiming:
+              cuda=None) -> Measurement:
     """Time ``step()``: ``warmup`` untimed calls, then ``steps`` timed ones; median and spread in seconds."""
     _check_counts(steps, warmup)
     kind = _device_type(device)
@@ -185,7 +168,7 @@ def time_step(step: Callable, *, device, steps: int = 5, warmup: int = 2, clock:
                 events[i + 1].record()
             cuda.synchronize()  # elapsed_time is only defined once both events have completed
             times = [events[i].elapsed_time(events[i + 1]) / 1e3 for i in range(steps)]
-            return summarize(times, warmup=warmup, clock="cuda events")
+            return Measurement(times, warmup=warmup, clock="cuda events")
         clock = clock or time.perf_counter
         times = []
         last = clock()
@@ -194,27 +177,7 @@ def time_step(step: Callable, *, device, steps: int = 5, warmup: int = 2, clock:
             now = clock()
             times.append(now - last)
             last = now
-    return summarize(times, warmup=warmup, clock="perf_counter" if clock is time.perf_counter else "injected")
-
-
-def split_batch(item) -> Tuple[object, object]:
-    """A DataLoader item -> (inputs, target): ``(x, y)`` pairs, dicts (no target) or a bare tensor."""
-    if isinstance(item, (tuple, list)) and len(item) == 2:
-        return item[0], item[1]
-    if isinstance(item, (tuple, list)) and len(item) == 1:
-        return item[0], None
-    return item, None
-
-
-def to_device(x, device, dtype: Optional[torch.dtype] = None):
-    def move(t):
-        if not isinstance(t, torch.Tensor):
-            return t
-        if dtype is not None and t.dtype.is_floating_point:
-            return t.to(device=device, dtype=dtype, non_blocking=True)
-        return t.to(device=device, non_blocking=True)
-
-    return torch.utils._pytree.tree_map(move, x)
+    return Measurement(times, warmup=warmup, clock="perf_counter" if clock is time.perf_counter else "injected")
 
 
 def time_epoch(model, loader, *, device, loss_fn=None, optimizer=None, warmup: int = 1, dtype=None,
@@ -258,6 +221,3 @@ def time_epoch(model, loader, *, device, loss_fn=None, optimizer=None, warmup: i
     return seconds, samples
 
 
-def batch_size_of(inputs) -> int:
-    leaves = [t for t in torch.utils._pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor) and t.dim() > 0]
-    return int(leaves[0].shape[0]) if leaves else 1

@@ -150,7 +150,9 @@ def test_corrupt_cache_is_remeasured(tmp_path, monkeypatch):
 
 def test_probe_matmul_is_a_plausible_rate():
     # a small real probe: positive and below 100 TFLOP/s, which no CPU core count here could reach
-    rate = devices.probe_matmul(max_n=256, repeats=2)
+    reading = devices.probe_matmul(max_n=256, repeats=2)
+    rate = reading.rate(best=True)
+    assert reading.runs == 2 and reading.work == 2 * 256 ** 3
     assert 1e8 < rate < 1e14
 
 

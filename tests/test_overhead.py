@@ -3,7 +3,8 @@ import math
 
 import pytest
 
-from flopcount.roofline import (
+from flopcount.timing import Measurement
+from flopcount.overhead import (
     OOM, OVERHEAD_BOUND, SCALES, LadderError, overhead_ladder, parse_batches,
 )
 
@@ -39,22 +40,19 @@ def test_compute_bound_model_and_non_doubling_ladder():
     assert res.overhead_bound_up_to is None
 
 
-class _Timing:
-    def __init__(self, median, spread):
-        self.median, self.spread = median, spread
-
-
-def test_step_timing_objects_and_out_of_memory():
+def test_measurements_and_out_of_memory():
     def timer(b):
         if b >= 8:
             raise MemoryError("too big")
-        return _Timing(1.0 + 0.01 * b, 0.001)
+        base = 1.0 + 0.01 * b
+        return Measurement([base - 0.001, base, base, base + 0.001])  # inclusive quartiles: base -/+ 0.00025
 
     res = overhead_ladder(timer, [1, 2, 4, 8, 16])
     f = res.frame
     assert list(f["batch"]) == [1, 2, 4, 8]          # stops at the first out-of-memory rung
     assert f["verdict"].iloc[-1] == OOM and math.isnan(f["seconds"].iloc[-1])
-    assert f["spread"].iloc[0] == 0.001
+    assert f["seconds"].iloc[0] == pytest.approx(1.01) and f["iqr"].iloc[0] == pytest.approx(0.0005)
+    assert list(f["runs"][:3]) == [4, 4, 4]
     assert res.overhead_bound_up_to == 4
 
 
@@ -83,10 +81,7 @@ def test_bad_timer_and_threshold():
 
 
 def test_min_statistic_uses_the_fastest_step():
-    class T:
-        def __init__(self, times):
-            self.times, self.median, self.spread = times, sorted(times)[len(times) // 2], 0.0
-
+    T = Measurement
     # batch 1: steps of 1.0 s, one of them slowed to 3.0 by other work; batch 2: 1.05 s. The medians say 1.0 ->
     # 1.05 anyway; with a noisy majority at batch 1 only the minimum sees the step's own cost.
     ladder = {1: T([3.0, 3.0, 1.0]), 2: T([1.05, 1.05, 1.05])}

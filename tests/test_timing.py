@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from flopcount.errors import FlopcountError
-from flopcount.timing import (OutOfMemory, StepTiming, TimingError, make_train_step, oom_as_error, time_epoch,
+from flopcount.step import make_train_step
+from flopcount.timing import (Measurement, OutOfMemory, TimingError, oom_as_error, time_epoch,
                               time_step)
 
 
@@ -34,7 +35,7 @@ def test_cpu_warmup_excluded_and_median_taken():
     # two slow warm-up steps (10 s, 5 s) then five timed ones
     step = stepper(clock, [10.0, 5.0, 0.3, 0.1, 0.2, 0.9, 0.2])
     t = time_step(step, device="cpu", steps=5, warmup=2, clock=clock)
-    assert isinstance(t, StepTiming)
+    assert isinstance(t, Measurement)
     assert len(step.calls) == 7
     assert t.times == pytest.approx([0.3, 0.1, 0.2, 0.9, 0.2])
     assert t.median == pytest.approx(0.2)  # sorted: 0.1 0.2 0.2 0.3 0.9

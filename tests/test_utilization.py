@@ -10,7 +10,9 @@ from flopcount import cli, devices
 from flopcount.devices import UnknownDevice
 from flopcount.report import FlopReport
 from flopcount.timing import OutOfMemory
-from flopcount.utilization import UtilizationError, precision_mix, resolve_peak, utilization
+from flopcount.devices import precision_mix, resolve_peak
+from flopcount.errors import FlopcountError, UtilizationError
+from flopcount.utilization import utilization
 
 N, IN, OUT = 4, 16, 8
 # Hand count of one step of Linear(16, 8, bias=False) on a (4, 16) batch with loss = output.sum():
@@ -162,15 +164,18 @@ def test_out_of_memory_is_the_clear_error():
         utilization(model, 2 ** 42, loss_fn=sum_loss, peak=1e9)
 
 
-@pytest.mark.parametrize("kwargs", [dict(scope="week"), dict(dtype="float8"), dict(peak=-1.0), dict(peak="fast")])
-def test_bad_arguments(kwargs):
-    with pytest.raises(UtilizationError):
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(scope="week"), "unknown scope 'week'"), (dict(dtype="float8"), "unknown dtype 'float8'"),
+    (dict(peak=-1.0), "positive number"), (dict(peak="fast"), "number of FLOP/s"), (dict(device="tpu"), "unknown device"),
+])
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(FlopcountError, match=match):
         utilization(tiny(), torch.randn(N, IN), loss_fn=sum_loss, **{"peak": 1e9, **kwargs})
 
 
 def test_unavailable_cuda_is_an_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(UtilizationError, match="not available"):
+    with pytest.raises(FlopcountError, match="not available"):
         utilization(tiny(), torch.randn(N, IN), device="cuda", peak=1e9)
 
 

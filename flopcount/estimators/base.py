@@ -6,7 +6,8 @@ from contextlib import contextmanager
 from importlib import metadata
 from typing import Callable, Dict, Optional, Protocol, Sequence, runtime_checkable
 
-from ..errors import FlopcountError
+from ..errors import FlopcountError, one_line
+from ..step import module_stack  # noqa: F401  (the peers watch modules through it)
 from ..report import FlopReport
 
 ENTRY_POINT_GROUP = "flopcount.estimators"
@@ -138,24 +139,6 @@ def untouched(model):
                     b.copy_(saved[n])
 
 
-@contextmanager
-def module_stack(model):
-    """A list whose last element is the dotted path of the module now running (the root is \"\")."""
-    stack = [""]
-    handles = []
-    for name, mod in model.named_modules():
-        if mod is model:
-            continue
-        handles.append(mod.register_forward_pre_hook(lambda m, a, name=name: stack.append(name)))
-        handles.append(mod.register_forward_hook(lambda m, a, o: stack.pop() and None, always_call=True))
-    try:
-        yield stack
-    finally:
-        for h in handles:
-            h.remove()
-
-
 def run_failed(name: str, exc: BaseException) -> EstimatorError:
     """A peer that raised on this model: one line naming the estimator and its error."""
-    msg = (str(exc).strip().splitlines() or [""])[0]
-    return EstimatorError(f"{name} failed on this model: {type(exc).__name__}: {msg}"[:300])
+    return EstimatorError(f"{name} failed on this model: {one_line(exc)}"[:300])

@@ -15,7 +15,6 @@ How it works, and why:
 """
 from __future__ import annotations
 
-import inspect
 from collections import defaultdict
 from contextlib import contextmanager, nullcontext
 from typing import Any, Callable, Dict, Optional
@@ -25,7 +24,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import formulas
-from ..models import default_loss
+from ..step import batch_size_of, default_loss, meta_like, module_stack, rebuild_optimizer
 from ..report import COUNTED, UNCOUNTED, ZERO, FlopReport
 
 _get_sequence_nr = torch._C._autograd._get_sequence_nr
@@ -223,38 +222,9 @@ def _stand_in(t: torch.Tensor, device: str, is_param: bool, written: bool) -> to
 
 
 def _move_inputs(inputs, device: str):
-    def move(x):
-        if isinstance(x, torch.Tensor):
-            if device == "meta":
-                return torch.empty_like(x, device="meta")
-            return x.to(device)
-        return x
-
-    return torch.utils._pytree.tree_map(move, inputs)
-
-
-@contextmanager
-def _module_hooks(model: torch.nn.Module, counter: _Counter):
-    handles = []
-    for name, mod in model.named_modules():
-        if mod is model:
-            continue
-
-        def pre(m, a, name=name):
-            counter.claim()
-            counter.stack.append(name)
-
-        def post(m, a, o):
-            counter.claim()
-            counter.stack.pop()
-
-        handles.append(mod.register_forward_pre_hook(pre))
-        handles.append(mod.register_forward_hook(post, always_call=True))
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
+    if device == "meta":
+        return meta_like(inputs)
+    return torch.utils._pytree.tree_map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, inputs)
 
 
 def _call(model, params, inputs):
@@ -263,25 +233,6 @@ def _call(model, params, inputs):
     if not isinstance(inputs, tuple):
         inputs = (inputs,)
     return torch.func.functional_call(model, params, inputs)
-
-
-def _optimizer_for(optimizer, params: Dict[str, torch.Tensor], model: torch.nn.Module):
-    """An optimizer of the caller's class and settings over the stand-in parameters."""
-    if optimizer is None:
-        return None
-    if isinstance(optimizer, torch.optim.Optimizer):
-        real_to_name = {id(p): n for n, p in model.named_parameters()}
-        groups = []
-        for g in optimizer.param_groups:
-            group = {k: v for k, v in g.items() if k != "params"}
-            group["params"] = [params[real_to_name[id(p)]] for p in g["params"] if id(p) in real_to_name]
-            groups.append(group)
-        # Each group carries its own settings; pass on only the defaults this constructor takes by name.
-        accepted = inspect.signature(type(optimizer)).parameters
-        defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
-        return type(optimizer)(groups, **defaults)
-    # a factory: params -> optimizer
-    return optimizer([p for p in params.values() if p.requires_grad])
 
 
 def count_step(
@@ -302,12 +253,12 @@ def count_step(
     params.update({n: _stand_in(b, device, False, True) for n, b in model.named_buffers()})
     param_owner = {id(params[n]): n.rpartition(".")[0] for n in named_params}
     inputs = _move_inputs(inputs, device)
-    opt = _optimizer_for(optimizer, params, model) if backward else None
+    opt = rebuild_optimizer(optimizer, params, model) if backward else None
 
     counter = _Counter(param_owner)
     grad = torch.enable_grad() if backward else torch.no_grad()
     sdpa = _sdpa_as_on_cpu() if device == "meta" else nullcontext()
-    with _module_hooks(model, counter), grad, sdpa, counter:
+    with module_stack(model, on_change=counter.claim) as counter.stack, grad, sdpa, counter:
         output = _call(model, params, inputs)
         if backward:
             loss = (loss_fn or default_loss)(output)
@@ -326,14 +277,9 @@ def count_step(
     ]
     notes = [f"formula for {op} failed: {err}" for op, err in counter.errors.items()]
     return FlopReport.from_rows(
-        rows, model=model_name or type(model).__name__, batch_size=_batch_size(inputs),
+        rows, model=model_name or type(model).__name__, batch_size=batch_size_of(inputs, default=None),
         estimator="dispatch", phases=phases, notes=notes, meta={"device": device},
     )
-
-
-def _batch_size(inputs) -> Optional[int]:
-    t = _first_tensor(inputs if not isinstance(inputs, dict) else list(inputs.values()))
-    return int(t.shape[0]) if t is not None and t.dim() > 0 else None
 
 
 class DispatchEstimator:

@@ -1,0 +1,279 @@
+"""THE training step: its inputs, its loss, its optimizer, and how a model is called and watched.
+
+The counter (``estimators.dispatch``), the timer (``timing``), ``utilization``, the peers that run the model, the
+profile capture and the study all build their step from here, so that the step that is counted is the step that
+is timed: the same default loss (cross-entropy against class 0 for ``(N, C)`` logits, else the sum of the
+floating-point outputs), the same default optimizer (SGD, lr 0.01), the same input batch.
+"""
+from __future__ import annotations
+
+import inspect
+from contextlib import contextmanager
+from typing import Callable, Iterator, List, Optional, Tuple
+
+import torch
+from torch.utils._pytree import tree_leaves, tree_map
+
+from .errors import FlopcountError, UtilizationError
+
+
+# --- inputs ---------------------------------------------------------------------------------------------------------
+def _tensors(x) -> List[torch.Tensor]:
+    return [t for t in tree_leaves(x) if isinstance(t, torch.Tensor)]
+
+
+def batch_size_of(inputs, default: Optional[int] = 1) -> Optional[int]:
+    """The leading dimension of the first tensor with one (a dict's values in order), else ``default``."""
+    for t in _tensors(inputs):
+        if t.dim() > 0:
+            return int(t.shape[0])
+    return default
+
+
+def to_device(x, device, dtype: Optional[torch.dtype] = None):
+    """Every tensor in ``x`` on ``device``; floating ones converted to ``dtype`` where given."""
+    def move(t):
+        if not isinstance(t, torch.Tensor):
+            return t
+        if dtype is not None and t.dtype.is_floating_point:
+            return t.to(device=device, dtype=dtype, non_blocking=True)
+        return t.to(device=device, non_blocking=True)
+
+    return tree_map(move, x)
+
+
+def meta_like(x):
+    """Every tensor in ``x`` as an empty meta tensor of its shape and dtype (``requires_grad`` kept)."""
+    def meta(t):
+        if not isinstance(t, torch.Tensor):
+            return t
+        m = torch.empty_like(t, device="meta")
+        return m.requires_grad_(True) if t.requires_grad and m.dtype.is_floating_point else m
+
+    return tree_map(meta, x)
+
+
+def random_like(t: torch.Tensor, device, dtype: Optional[torch.dtype] = None, generator=None) -> torch.Tensor:
+    """A tensor of ``t``'s shape with real values: uninitialised memory can hold denormals or NaNs that run slower
+    paths. Integer tensors (token ids, labels) are zeros, valid for any vocabulary."""
+    if t.dtype.is_floating_point:
+        if generator is not None:
+            return torch.randn(t.shape, dtype=dtype or t.dtype, generator=generator).to(device)
+        return torch.randn(t.shape, dtype=dtype or t.dtype, device=device)
+    return torch.zeros(t.shape, dtype=t.dtype, device=device)
+
+
+def random_on(x, device, dtype: Optional[torch.dtype] = None, generator=None):
+    return tree_map(lambda t: random_like(t, device, dtype, generator) if isinstance(t, torch.Tensor) else t, x)
+
+
+def first_sample(x):
+    """The first sample of a batch (leading dimension 1)."""
+    return tree_map(lambda t: t[:1] if isinstance(t, torch.Tensor) and t.dim() > 0 else t, x)
+
+
+def signature(x) -> tuple:
+    """(shape, dtype) of every tensor in ``x``: two batches with the same signature cost the same FLOPs."""
+    return tuple((tuple(t.shape), str(t.dtype)) for t in _tensors(x))
+
+
+def make_inputs(model, batch, *, name: str = "", device, dtype=None, scope: str = "batch", input_shape=None):
+    """The step's input on ``device``: ``batch`` is a tensor, a tuple/dict of tensors, or an int (a batch of the
+    model's example input, with random values). ``scope="one"`` keeps the first sample only."""
+    from .models import example_inputs
+
+    if isinstance(batch, bool) or batch is None:
+        raise UtilizationError(f"batch must be a tensor, a tuple/dict of tensors or a batch size, not {batch!r}")
+    if isinstance(batch, int):
+        if batch < 1:
+            raise UtilizationError(f"batch size must be a positive integer, not {batch}")
+        n = 1 if scope == "one" else batch
+        template = example_inputs(unwrap(model), name, batch=n, input_shape=input_shape, device="meta",
+                                  dtype=dtype or torch.float32)
+        return random_on(template, device, dtype)
+    inputs = to_device(batch, device, dtype)
+    return first_sample(inputs) if scope == "one" else inputs
+
+
+def split_batch(item) -> Tuple[object, object]:
+    """A DataLoader item -> (inputs, target): ``(x, y)`` pairs, dicts (no target) or a bare tensor."""
+    if isinstance(item, (tuple, list)) and len(item) == 2:
+        return item[0], item[1]
+    if isinstance(item, (tuple, list)) and len(item) == 1:
+        return item[0], None
+    return item, None
+
+
+def resolve_device(device) -> torch.device:
+    """``"cpu"``, ``"cuda"`` or ``"cuda:N"`` as a torch.device that is there to run on, else one line saying why."""
+    from .errors import FlopcountError
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise FlopcountError(f"unknown device {str(device)!r}; use cpu, cuda or cuda:N")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise FlopcountError(f"device {str(device)!r} is not available here (no CUDA device); use cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise FlopcountError(f"device {str(device)!r} is not there: {torch.cuda.device_count()} CUDA device(s)")
+    return dev
+
+
+# --- the model ------------------------------------------------------------------------------------------------------
+def unwrap(model):
+    """The module under a DistributedDataParallel / DataParallel wrapper (the counter needs the plain module)."""
+    inner = getattr(model, "module", None)
+    return inner if isinstance(inner, torch.nn.Module) else model
+
+
+def model_device(model) -> torch.device:
+    for t in list(model.parameters()) + list(model.buffers()):
+        return t.device
+    return torch.device("cpu")
+
+
+def model_float_dtype(model) -> Optional[torch.dtype]:
+    for p in model.parameters():
+        if p.dtype.is_floating_point:
+            return p.dtype
+    return None
+
+
+def call_model(model, inputs):
+    """``model(**inputs)`` for a dict, ``model(*inputs)`` for a tuple, ``model(inputs)`` otherwise."""
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    if isinstance(inputs, tuple):
+        return model(*inputs)
+    return model(inputs)
+
+
+@contextmanager
+def module_stack(model, on_change: Optional[Callable[[], None]] = None) -> Iterator[List[str]]:
+    """A list whose last element is the dotted path of the module now running (the root is ``""``).
+
+    ``on_change()`` is called at every module's entry and exit, before the stack changes (the counter tags the
+    autograd nodes made so far with the module that made them)."""
+    stack = [""]
+    handles = []
+
+    def pre(m, a, name):
+        if on_change is not None:
+            on_change()
+        stack.append(name)
+
+    def post(m, a, o):
+        if on_change is not None:
+            on_change()
+        stack.pop()
+
+    for name, mod in model.named_modules():
+        if mod is model:
+            continue
+        handles.append(mod.register_forward_pre_hook(lambda m, a, name=name: pre(m, a, name)))
+        handles.append(mod.register_forward_hook(post, always_call=True))
+    try:
+        yield stack
+    finally:
+        for h in handles:
+            h.remove()
+
+
+# --- loss and optimizer ---------------------------------------------------------------------------------------------
+def default_loss(output, target=None):
+    """The loss of a step when none is given: cross-entropy for ``(N, C)`` logits (against ``target``, or class 0:
+    the study's loss); else the sum of every floating-point output."""
+    import torch.nn.functional as F
+
+    if isinstance(output, torch.Tensor) and output.dim() == 2 and output.dtype.is_floating_point:
+        if target is None:
+            target = torch.zeros(output.shape[0], dtype=torch.long, device=output.device)
+        return F.cross_entropy(output, target.to(output.device))
+    leaves = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.dtype.is_floating_point]
+    if not leaves:
+        raise FlopcountError("the model returned no floating-point tensor to take a loss of; pass loss_fn=")
+    total = leaves[0].sum()
+    for t in leaves[1:]:
+        total = total + t.sum()
+    return total
+
+
+def make_loss(loss_fn: Optional[Callable] = None, target=None) -> Callable:
+    """A one-argument loss ``output -> scalar``. A given ``target`` follows the output's device (meta while
+    counting) and is passed as ``loss_fn(output, target)``."""
+    fn = loss_fn or default_loss
+    if target is None:
+        return fn if loss_fn is not None else (lambda out: default_loss(out))
+
+    def loss(out):
+        ref = out if isinstance(out, torch.Tensor) else _tensors(out)[0]
+        t = target.to(ref.device) if isinstance(target, torch.Tensor) else target
+        return fn(out, t)
+
+    return loss
+
+
+def default_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
+    # Plain SGD: its step costs the same every time (no lazily created state), so the counted step and the
+    # timed steps agree.
+    return torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.01)
+
+
+def rebuild_optimizer(optimizer, params: dict, model: torch.nn.Module):
+    """An optimizer of the caller's class and settings over ``params`` (name -> stand-in tensor) instead of the
+    model's own parameters; ``optimizer`` may also be a factory ``params -> optimizer``."""
+    if optimizer is None:
+        return None
+    if isinstance(optimizer, torch.optim.Optimizer):
+        real_to_name = {id(p): n for n, p in model.named_parameters()}
+        groups = []
+        for g in optimizer.param_groups:
+            group = {k: v for k, v in g.items() if k != "params"}
+            group["params"] = [params[real_to_name[id(p)]] for p in g["params"] if id(p) in real_to_name]
+            groups.append(group)
+        # Each group carries its own settings; pass on only the defaults this constructor takes by name.
+        accepted = inspect.signature(type(optimizer)).parameters
+        defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
+        return type(optimizer)(groups, **defaults)
+    return optimizer([p for p in params.values() if p.requires_grad])
+
+
+# --- the step -------------------------------------------------------------------------------------------------------
+def train_step_fn(model, *, loss: Callable, optimizer=None) -> Callable:
+    """``run(inputs)``: forward, loss, backward, optimizer step, zero_grad (without an optimizer, the gradients
+    are dropped instead). Nothing reads a value back to the host, so on a GPU the step only queues work."""
+
+    def run(inputs):
+        out = call_model(model, inputs)
+        value = loss(out)
+        value.backward()
+        if optimizer is not None:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        else:
+            model.zero_grad(set_to_none=True)
+        return value
+
+    return run
+
+
+def make_train_step(model, batch, *, loss_fn=None, optimizer=None, target=None) -> Callable:
+    """A zero-argument training step of ``model`` on ``batch`` (already on the model's device).
+
+    ``loss_fn(output)`` or, with ``target``, ``loss_fn(output, target)``; default: ``default_loss``.
+    ``optimizer`` defaults to SGD(lr=0.01) over the model's parameters: the step trains the model.
+    The step's ``loss`` and ``optimizer`` are attached to it so that a FLOP count can use the same ones.
+    """
+    loss = make_loss(loss_fn, target)
+    optimizer = optimizer if optimizer is not None else default_optimizer(model)
+    run = train_step_fn(model, loss=loss, optimizer=optimizer)
+
+    def step():
+        return run(batch)
+
+    step.loss = loss
+    step.optimizer = optimizer
+    return step
