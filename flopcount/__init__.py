@@ -6,7 +6,12 @@ from typing import Callable, Optional
 from . import estimators
 from .estimators import EstimatorError, available as available_estimators, get_estimator, register_estimator
 from .report import FlopReport
-from .compare import compare  # bound eagerly, so that importing the submodule cannot shadow the function
+# A submodule import binds the submodule's name on the package. Import the submodules that share a name with a
+# public function first, then bind the functions: a later ``import flopcount.utilization`` finds the module
+# loaded and leaves the function in place.
+from . import compare as _compare_module, utilization as _utilization_module  # noqa: F401
+from .compare import compare
+from .utilization import utilization
 
 __version__ = "0.1.0"
 __all__ = [
@@ -30,10 +35,3 @@ def register_formula(*ops: str, family: str = "custom"):
     from .formulas import register
 
     return register(*ops, family=family)
-
-
-def utilization(model, batch, **options):
-    """Measured utilization of a training step: FLOPs / (seconds per step x peak FLOP/s)."""
-    from .utilization import utilization as _utilization
-
-    return _utilization(model, batch, **options)
