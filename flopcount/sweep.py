@@ -40,13 +40,20 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_call(fn: Callable[[], object], device, *, repeats: int = 5, warmup: int = 1) -> float:
-    """Fastest of ``repeats`` runs of ``fn()``, in seconds (CUDA events on a GPU, so the kernel's time is what is
-    measured). The fastest, like a peak probe: a ceiling is what the hardware can do, and other work on the
-    machine only ever slows a run down."""
+def time_call(fn: Callable[[], object], device, *, repeats: int = 5, warmup: int = 1):
+    """``repeats`` runs of ``fn()`` as a ``Measurement`` (CUDA events on a GPU, so the kernel's time is what is
+    measured). The sweep takes the fastest, like a peak probe: a ceiling is what the hardware can do, and other
+    work on the machine only ever slows a run down; the interquartile range goes beside it."""
     from .timing import time_step
 
-    return time_step(fn, device=device, steps=repeats, warmup=warmup).min
+    return time_step(fn, device=device, steps=repeats, warmup=warmup)
+
+
+def _reading(res) -> dict:
+    """A timer's result (a Measurement, or plain seconds from an injected timer) as the row's time columns."""
+    if isinstance(res, (int, float)):
+        return dict(seconds=float(res), iqr=math.nan, runs=1)
+    return dict(seconds=float(res.min), iqr=float(res.iqr), runs=int(res.runs))
 
 
 def repeated_mul(r: int) -> Callable:
@@ -83,7 +90,8 @@ def _device(device: str) -> torch.device:
 
 @dataclass
 class Sweep:
-    """``frame``: r, seconds, flops, bytes, flop_per_s, bytes_per_s, intensity, compile_seconds, bound.
+    """``frame``: r, seconds (the fastest run), iqr and runs (the spread of all runs), flops, bytes, flop_per_s,
+    bytes_per_s, intensity, compile_seconds, bound.
     ``crossover_r``: where the measured ceilings meet; ``reached`` says whether the sweep went past it."""
 
     frame: pd.DataFrame
@@ -139,9 +147,10 @@ def intensity_sweep(*, size: int, max_r: int = 256, device: str = "cpu", dtype: 
         expect = (x[probe].double() * 2.0 ** r).to(dt)
         if not torch.equal(out[probe], expect):
             raise SweepError(f"the compiled kernel for r={r} gave wrong results; the timings would not mean anything")
-        seconds = timer(lambda: fn(x, out), dev)
+        timed = _reading(timer(lambda: fn(x, out), dev))
+        seconds = timed["seconds"]
         flops, nbytes = size * r, 2 * size * esize
-        rows.append(dict(r=r, seconds=seconds, flops=flops, bytes=nbytes, flop_per_s=flops / seconds,
+        rows.append(dict(r=r, **timed, flops=flops, bytes=nbytes, flop_per_s=flops / seconds,
                          bytes_per_s=nbytes / seconds, intensity=flops / nbytes, compile_seconds=compile_s))
     frame = pd.DataFrame(rows)
     r_star = crossover(frame, esize)
@@ -192,8 +201,8 @@ def fusion_demo(x: torch.Tensor, out: torch.Tensor, *, compile_fn: Callable, tim
     rows = []
     for mode, fn, nbytes, kernels in (("eager", eager, eager_bytes, 2), ("compiled", lambda: compiled(x, out),
                                                                            fused_bytes, 1)):
-        seconds = timer(fn, dev)
-        rows.append(dict(mode=mode, kernels=kernels, bytes=nbytes, seconds=seconds, bytes_per_s=nbytes / seconds))
+        timed = _reading(timer(fn, dev))
+        rows.append(dict(mode=mode, kernels=kernels, bytes=nbytes, **timed, bytes_per_s=nbytes / timed["seconds"]))
     frame = pd.DataFrame(rows)
     frame["speedup"] = frame["seconds"].iloc[0] / frame["seconds"]
     return frame

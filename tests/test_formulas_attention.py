@@ -58,9 +58,17 @@ def test_sdpa_routes_to_cpu_flash_kernel():
 
 
 def test_backward_matmuls_are_two_and_a_half_forward():
-    # the matmul part alone: forward 4E per score, backward 10E per score (with E = Ev)
-    scores = B * H * L * L
-    assert (BWD - B * H * (scores // (B * H) * 5 + L * 2 * E)) / (FWD - scores * 5) == 2.5
+    # Counting at two head dims isolates what grows with E (the matmuls): per score forward 4E (QK^T, PV),
+    # backward 10E (dQ, dK, dV, dP: 2E each, plus QK^T recomputed: 2E) and 2E per query row for D = rowsum(dO * O).
+    sdpa = lambda q, k, v: F.scaled_dot_product_attention(q, k, v)  # noqa: E731
+    fwd_op, bwd_op = "aten._scaled_dot_product_flash_attention_for_cpu", "aten._scaled_dot_product_flash_attention_for_cpu_backward"
+    small = count(sdpa, *[torch.randn(B, H, L, 8) for _ in range(3)])
+    large = count(sdpa, *[torch.randn(B, H, L, 16) for _ in range(3)])
+    d_fwd = large[(fwd_op, "forward")] - small[(fwd_op, "forward")]
+    d_bwd = large[(bwd_op, "backward")] - small[(bwd_op, "backward")]
+    assert d_fwd == B * H * L * L * 4 * 8
+    assert d_bwd == B * H * (L * L * 10 + L * 2) * 8
+    assert (d_bwd - B * H * L * 2 * 8) / d_fwd == 2.5
 
 
 def test_causal_counts_the_lower_triangle():

@@ -39,8 +39,9 @@ def test_cpu_warmup_excluded_and_median_taken():
     assert len(step.calls) == 7
     assert t.times == pytest.approx([0.3, 0.1, 0.2, 0.9, 0.2])
     assert t.median == pytest.approx(0.2)  # sorted: 0.1 0.2 0.2 0.3 0.9
-    # |t - 0.2| = 0.1 0.1 0 0.7 0 -> sorted 0 0 0.1 0.1 0.7 -> median 0.1
-    assert t.spread == pytest.approx(0.1)
+    # quartiles of 0.1 0.2 0.2 0.3 0.9 (inclusive): 0.2 and 0.3 -> IQR 0.1
+    assert (t.q1, t.q3, t.iqr) == pytest.approx((0.2, 0.3, 0.1))
+    assert t.runs == 5 and t.min == pytest.approx(0.1)
     assert (t.warmup, t.steps) == (2, 5)
 
 
@@ -194,16 +195,23 @@ def test_train_step_with_target_and_loss():
 
 
 def test_time_epoch_counts_samples_and_excludes_warmup():
-    model = torch.nn.Linear(4, 3)
+    clock = FakeClock()
+
+    class Ticking(torch.nn.Linear):
+        """Each forward costs one fake second, warm-up steps included: timing them would show."""
+
+        def forward(self, x):
+            clock.now += 1.0
+            return super().forward(x)
+
+    model = Ticking(4, 3)
     data = torch.utils.data.TensorDataset(torch.randn(10, 4), torch.zeros(10, dtype=torch.long))
     loader = torch.utils.data.DataLoader(data, batch_size=4)  # 4 + 4 + 2
-    clock = FakeClock()
     seen = []
 
     def on_batch(inputs, target):
         seen.append(inputs.shape[0])
-        clock.now += 1.0  # one fake second per timed batch
 
     seconds, samples = time_epoch(model, loader, device="cpu", warmup=2, clock=clock, on_batch=on_batch)
     assert samples == 10 and seen == [4, 4, 2]
-    assert seconds == pytest.approx(3.0)  # the two warm-up steps did not advance the clock
+    assert seconds == pytest.approx(3.0)  # 3 timed forwards; the 2 warm-up ones (2 s more) are not in it
