@@ -27,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from flopcount.estimators.nvtx import analyze  # noqa: E402
+from flopcount.profiles import analyze  # noqa: E402
 
 PID = 77
 TIDS = ((PID << 24) | 77, (PID << 24) | 78)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from flopcount.cli import main as cli
-from flopcount.estimators.nvtx import ProfileError, analyze, compare_dispatch, load, parse_marker
-from flopcount.estimators.nvtx.ranges import innermost, nest
+from flopcount.profiles import ProfileError, analyze, compare_dispatch, load, parse_marker
+from flopcount.profiles.ranges import innermost, nest
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

@@ -1,6 +1,6 @@
 """``flopcount capture``: record one training step under ``nsys profile`` with emit_nvtx, and export SQLite.
 
-The recorded step is run by a child Python process (``python -m flopcount.estimators.nvtx.capture MODEL BATCH``)
+The recorded step is run by a child Python process (``python -m flopcount.profiles.capture MODEL BATCH``)
 so that nsys traces it from the start; the export is ``nsys export --type sqlite``. Both steps need a CUDA GPU and
 the ``nsys`` binary; without either, capture stops before starting with one line that says which is missing.
 """
@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import sys
 
-from ...errors import FlopcountError
+from ..errors import FlopcountError
 
 
 class CaptureError(FlopcountError):
@@ -26,7 +26,7 @@ def capture(model: str, batch: int, out: str = "run", input_shape=None, num_clas
 
     if not torch.cuda.is_available():
         raise CaptureError("no CUDA GPU is available: capture profiles GPU kernels; run it on a machine with a GPU")
-    step = [sys.executable, "-m", "flopcount.estimators.nvtx.capture", model, str(batch), input_shape or "",
+    step = [sys.executable, "-m", "flopcount.profiles.capture", model, str(batch), input_shape or "",
             str(num_classes or "")]
     run = [nsys, "profile", "-t", "cuda,nvtx", "-o", out, "--force-overwrite", "true"] + step
     export = [nsys, "export", "--type", "sqlite", "--force-overwrite", "true", "-o", f"{out}.sqlite", f"{out}.nsys-rep"]
@@ -43,7 +43,7 @@ def _step(model_spec: str, batch: int, input_shape=None, num_classes=None) -> No
     import torch
     import torch.nn.functional as F
 
-    from ...models import example_inputs, load_model
+    from ..models import example_inputs, load_model
 
     model, name = load_model(model_spec, num_classes=num_classes)
     model = model.cuda().train()

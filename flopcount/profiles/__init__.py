@@ -7,6 +7,6 @@ estimator registry: it reads a profile recorded on a GPU, it cannot run ``estima
 """
 from .analyze import Analysis, analyze, compare_dispatch
 from .markers import Marker, parse as parse_marker
-from .reader import Profile, ProfileError, load
+from .nsys import Profile, ProfileError, load
 
 __all__ = ["analyze", "Analysis", "compare_dispatch", "parse_marker", "Marker", "load", "Profile", "ProfileError"]

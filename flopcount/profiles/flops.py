@@ -23,7 +23,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ... import formulas
+from .. import formulas
 
 
 @dataclass(frozen=True)

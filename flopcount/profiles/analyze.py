@@ -22,12 +22,12 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from ... import formulas
-from ...report import COUNTED, UNCOUNTED, ZERO, FlopReport
+from .. import formulas
+from ..report import COUNTED, UNCOUNTED, ZERO, FlopReport
 from . import markers
 from .flops import Context, derive
 from .ranges import ancestors_fill, innermost, nest, subtree_sum
-from .reader import Profile, load
+from .nsys import Profile, load
 
 NO_SHAPES = ("this profile was recorded without record_shapes: FLOPs cannot be derived from its markers "
              "(capture with emit_nvtx(record_shapes=True)); GPU time per op follows")

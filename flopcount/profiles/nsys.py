@@ -18,7 +18,7 @@ from urllib.parse import quote
 import numpy as np
 import pandas as pd
 
-from ...errors import FlopcountError
+from ..errors import FlopcountError
 from . import markers
 
 REQUIRED_TABLES = ("StringIds", "NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME",
