@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from urllib.parse import quote
 
 import numpy as np
@@ -48,7 +48,6 @@ class Profile:
     schema_version: str = ""
     product_version: str = ""
     start_end_ranges: int = 0
-    notes: list = field(default_factory=list)
 
     @property
     def unlaunched(self) -> int:
