@@ -200,12 +200,12 @@ class TorchBackend:
         if key not in self._profiles:
             import tempfile
 
-            from .estimators.nvtx.capture import capture
+            from .profiles.capture import capture
 
             folder = tempfile.mkdtemp(prefix="flopcount-nvtx-")
             self._profiles[key] = capture(name, batch, out=os.path.join(folder, f"{name}-b{batch}"),
                                           num_classes=self.config.num_classes)
-        from .estimators.nvtx import analyze
+        from .profiles import analyze
 
         a = analyze(self._profiles[key], naive=(method == "nvtx-naive"))
         if a.report is None:

@@ -1,4 +1,4 @@
-"""Generate Nsight Systems SQLite profiles of a real training step, for testing the nvtx estimator's FLOPs.
+"""Generate Nsight Systems SQLite profiles of a real training step, for testing the FLOPs read from profiles.
 
 A model runs one training step on the CPU under ``torch.profiler`` with ``record_shapes=True``. Its op tree (names,
 nesting, autograd sequence numbers, input shapes, scopes) is exactly what the RecordFunction callbacks of
@@ -90,15 +90,23 @@ def record_step(model, inputs, loss_fn=None):
     """Run forward + backward of ``model`` on CPU under torch.profiler; return the op tree's root events."""
     import torch
     import torch.nn.functional as F
-    from torch.profiler import ProfilerActivity, profile
 
     def default_loss(out):
         return F.cross_entropy(out, torch.zeros(out.shape[0], dtype=torch.long))
 
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        out = model(inputs)
-        loss = (loss_fn or default_loss)(out)
+    def step():
+        loss = (loss_fn or default_loss)(model(inputs))
         loss.backward()
+
+    return record(step)
+
+
+def record(step):
+    """Run ``step()`` (any zero-argument callable) on CPU under torch.profiler; return the op tree's root events."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        step()
     return prof.profiler.kineto_results.experimental_event_tree()
 
 
@@ -214,6 +222,12 @@ def write_sqlite(path, nvtx, runtime, kernels, strings, *, tables=None) -> str:
 def generate(model, inputs, path, *, record_shapes=True, orphan_kernels=2, loss_fn=None) -> str:
     roots = record_step(model, inputs, loss_fn=loss_fn)
     rows = build_rows(roots, record_shapes=record_shapes, orphan_kernels=orphan_kernels)
+    return write_sqlite(path, *rows)
+
+
+def generate_step(step, path, *, record_shapes=True, orphan_kernels=2) -> str:
+    """A profile of ``step()`` as it runs, whatever it does (an optimizer's step included)."""
+    rows = build_rows(record(step), record_shapes=record_shapes, orphan_kernels=orphan_kernels)
     return write_sqlite(path, *rows)
 
 

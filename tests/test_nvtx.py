@@ -1,17 +1,23 @@
-"""The nvtx estimator: reader and joins on real Nsight exports, marker parsing, FLOPs on generated profiles."""
+"""Recorded profiles: reader and joins on real Nsight exports, marker parsing, FLOPs on generated profiles,
+the capture's step and its errors."""
 import json
+import os
 import shutil
 import sqlite3
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from flopcount.cli import main as cli
-from flopcount.estimators.nvtx import ProfileError, analyze, compare_dispatch, load, parse_marker
-from flopcount.estimators.nvtx.ranges import innermost, nest
+from flopcount.errors import ModelSpecError
+from flopcount.profiles import ProfileError, analyze, compare_dispatch, load, parse_marker
+from flopcount.profiles import capture as capture_mod
+from flopcount.profiles.ranges import innermost, nest
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 FIX = HERE / "fixtures" / "nsys"
 REAL = FIX / "mfu_2gpu_before.sqlite"
@@ -29,7 +35,10 @@ def test_parse_full_marker():
 
 
 def test_parse_partial_markers():
-    assert parse_marker("aten::empty, op_id = 7") == parse_marker("aten::empty, op_id = 7")
+    m = parse_marker("aten::empty, op_id = 7")
+    assert (m.name, m.seq, m.op_id, m.sizes, m.input_op_ids) == ("aten::empty", None, 7, None, ())
+    m = parse_marker("aten::relu_, seq = 4, sizes = [[2, 8], []]")
+    assert (m.name, m.seq, m.op_id, m.sizes) == ("aten::relu_", 4, None, [[2, 8], []])
     m = parse_marker("ConvolutionBackward0, seq = 3, op_id = 9")
     assert (m.name, m.seq, m.op_id, m.sizes) == ("ConvolutionBackward0", 3, 9, None)
     m = parse_marker("autograd::engine::evaluate_function: ConvolutionBackward0")
@@ -111,8 +120,75 @@ def test_capture_without_gpu_or_nsys_says_so(capsys):
     if shutil.which("nsys") and torch.cuda.is_available():
         pytest.skip("this machine can capture")
     assert cli(["capture", "resnet18", "--batch", "2", "--out", "x"]) == 2
-    err = capsys.readouterr().err
-    assert "nsys" in err or "GPU" in err
+    err = capsys.readouterr().err.strip()
+    # nsys is checked first, so the message names the first thing missing
+    want = "nsys (Nsight Systems) is not on PATH" if shutil.which("nsys") is None else "no CUDA GPU is available"
+    assert err.startswith("flopcount: error: " + want) and "\n" not in err, err
+
+
+class _Nsys:
+    """Stands in for subprocess.run of nsys: answers each command with the next (returncode, stdout, stderr)."""
+
+    def __init__(self, *answers):
+        self.answers = list(answers)
+        self.commands = []
+
+    def __call__(self, cmd, **kwargs):
+        self.commands.append(cmd)
+        rc, out, err = self.answers.pop(0)
+        return subprocess.CompletedProcess(cmd, rc, out, err)
+
+
+def _fake_machine(monkeypatch, nsys):
+    import torch
+
+    monkeypatch.setattr(capture_mod.shutil, "which", lambda name: "nsys" if name == "nsys" else None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(capture_mod.subprocess, "run", nsys)
+
+
+def test_capture_runs_the_step_module_then_exports(monkeypatch):
+    nsys = _Nsys((0, "", ""), (0, "", ""))
+    _fake_machine(monkeypatch, nsys)
+    assert capture_mod.capture("resnet18", 4, out="r18", input_shape=(3, 32, 32), num_classes=10) == "r18.sqlite"
+    record, export = nsys.commands
+    assert record[:2] == ["nsys", "profile"] and export[:3] == ["nsys", "export", "--type"]
+    child = record[record.index(sys.executable):]
+    assert child == [sys.executable, "-m", "flopcount.profiles.capture", "resnet18", "4", "3,32,32", "10"]
+    assert export[-2:] == ["r18.sqlite", "r18.nsys-rep"]
+
+
+def test_capture_reports_the_failed_step_in_one_line(monkeypatch):
+    # nsys exits 0 although its application failed: the child's own line says what went wrong
+    noise = "Collecting data...\n"
+    nsys = _Nsys((0, noise, capture_mod._CHILD_ERROR + "OutOfMemoryError: CUDA out of memory.\nGenerating report\n"))
+    _fake_machine(monkeypatch, nsys)
+    with pytest.raises(capture_mod.CaptureError) as info:
+        capture_mod.capture("resnet18", 512)
+    assert str(info.value) == "the recorded step of resnet18 at batch 512 failed: OutOfMemoryError: CUDA out of memory."
+    assert len(nsys.commands) == 1  # no export of a failed recording
+
+    nsys = _Nsys((0, "", ""), (1, "", "Exporting...\nERROR: cannot open r.nsys-rep\n\n"))
+    _fake_machine(monkeypatch, nsys)
+    with pytest.raises(capture_mod.CaptureError, match=r"^nsys export failed: ERROR: cannot open r.nsys-rep$"):
+        capture_mod.capture("resnet18", 2, out="r")
+
+
+def test_capture_rejects_a_bad_model_before_nsys_starts(monkeypatch):
+    nsys = _Nsys()
+    _fake_machine(monkeypatch, nsys)
+    with pytest.raises(ModelSpecError, match="unknown model 'no_such_model'"):
+        capture_mod.capture("no_such_model", 2)
+    assert nsys.commands == []
+
+
+def test_capture_child_prints_its_error_as_one_line():
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    res = subprocess.run([sys.executable, "-m", "flopcount.profiles.capture", "no_such_model", "2", "", ""],
+                         capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert res.returncode == 2
+    mine = [ln for ln in res.stderr.splitlines() if ln.startswith(capture_mod._CHILD_ERROR)]
+    assert len(mine) == 1 and "unknown model 'no_such_model'" in mine[0], res.stderr
 
 
 # --- FLOPs on generated profiles ------------------------------------------------------------------------------
@@ -154,8 +230,6 @@ def test_naive_report_and_cli(generated, capsys):
     naive = analyze(path, naive=True).report
     assert naive.total() > dispatch.total("forward") + dispatch.total("backward")
     assert cli(["nsys", path, "--naive", "--format", "json"]) == 0
-    import json
-
     doc = json.loads(capsys.readouterr().out)
     assert doc["flops"]["total"] == naive.total()
 
@@ -193,3 +267,35 @@ def test_sql_split_equals_python_parser(generated):
         m = parse_marker(texts[(row.start, row.end)])
         assert (row.name, row.seq, row.op_id) == (m.name, -1 if m.seq is None else m.seq, -1 if m.op_id is None else m.op_id)
         assert (json.loads(row.sizes) if isinstance(row.sizes, str) else None) == m.sizes
+
+
+def test_captured_step_is_the_counted_step(tmp_path):
+    """The step capture records, run here on the CPU, read back through a profile: forward and backward are the
+    dispatch count of the same model and batch (same loss), and the SGD update is an optimizer phase of
+    2 FLOPs per parameter (p - lr * g)."""
+    pytest.importorskip("torchvision")
+    import nvtx_profile_gen as gen
+
+    import flopcount
+
+    step = capture_mod.training_step("resnet18", 2, device="cpu", input_shape="3,32,32", num_classes=10)
+    a = analyze(gen.generate_step(step, str(tmp_path / "step.sqlite")))
+    counted = flopcount.count(step.model, step.inputs)
+    for phase in ("forward", "backward"):
+        assert a.report.total(phase) == counted.total(phase) > 0, phase
+    n_params = sum(p.numel() for p in step.model.parameters())
+    assert a.report.total("optimizer") == 2 * n_params
+
+
+def test_parse_benchmark_runs_at_a_tiny_size():
+    """The benchmark still runs end to end and prints its ratios; how fast it is, is not a test's business."""
+    import re
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "nvtx_parse.py"), "--ranges", "400",
+                          "--kernels", "400", "--subset", "20", "--memory-subset", "100"],
+                         capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "400 ranges, 400 kernels attributed" in res.stdout
+    ratios = re.findall(r"analyze is (\d+(?:\.\d+)?)x faster", res.stdout)
+    assert len(ratios) == 2, res.stdout

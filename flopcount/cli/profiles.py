@@ -21,7 +21,7 @@ def run(args) -> int:
 
 
 def _nsys(args) -> int:
-    from ..estimators.nvtx import analyze
+    from ..profiles import analyze
 
     a = analyze(args.profile, naive=args.naive)
     ops = a.ops.set_index(["op", "phase"])
@@ -46,7 +46,7 @@ def _nsys(args) -> int:
 
 
 def _capture(args) -> int:
-    from ..estimators.nvtx.capture import capture
+    from ..profiles.capture import capture
 
     path = capture(args.model, args.batch, out=args.out, input_shape=args.input_shape, num_classes=args.num_classes)
     print(path)

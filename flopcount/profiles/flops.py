@@ -10,7 +10,9 @@ other arguments must be inferred. What is inferred, and from what:
 * convolution: groups from the channel counts (they only enter through the weight's size); backward: which
   gradients were computed (``output_mask``): the input's unless it is the step's input, the bias' if the forward
   op had one;
-* batch norm: training when a backward node is linked to it (forward) or when statistics were saved (backward).
+* batch norm: training when a backward node is linked to it (forward) or when statistics were saved (backward);
+* optimizer ops: a scale factor (``alpha``, ``value``) is taken as not 1, since optimizers scale their updates by
+  the learning rate (SGD: ``param.add_(grad, alpha=-lr)``); elsewhere the schema default (1) holds.
 
 When an op needs a value that is not there (e.g. a convolution's output size without a backward link), the
 result is ``None`` with the reason, never 0.
@@ -23,7 +25,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ... import formulas
+from .. import formulas
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,7 @@ class Context:
     linked: bool = False  # a backward node with this op's seq exists
     input_needs_grad: bool = True  # backward ops: the forward op's data input required a gradient
     forward_has_bias: Optional[bool] = None  # backward ops: the linked forward op had a bias
+    scaled: bool = False  # optimizer ops: scale factors the marker lacks are taken as not 1
 
 
 @lru_cache(maxsize=None)
@@ -161,6 +164,11 @@ def _pool_window(x, out):
 
 
 POOL_NOTE = "max-pool window assumed (the marker has no kernel_size): 3x3 stride 2 padding 1 where that fits"
+SCALE_NOTE = ("optimizer ops: scale factors (alpha, value) assumed not 1, as a learning rate is (the marker has no "
+              "scalar values)")
+# Any value but 1 will do: a formula only asks whether the scale costs a multiply.
+_NOT_ONE = -1.0
+_SCALES = ("alpha", "value")
 
 
 def numel_or0(s) -> int:
@@ -184,6 +192,8 @@ def derive(op: str, sizes, ctx: Context = Context()):
     if fitted is None:
         return None, f"sizes {sizes} fit no schema of {op}"
     bound = {name: (_fill(name, typ, default) if value is _NO_DEFAULT else value) for name, typ, default, value in fitted}
+    if ctx.scaled:
+        bound.update({k: _NOT_ONE for k in _SCALES if bound.get(k) == 1})
     try:
         out_shape = _infer(op, bound, ctx)
     except CannotDerive as exc:

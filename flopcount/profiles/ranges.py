@@ -26,7 +26,7 @@ def _thread_slices(tids: np.ndarray):
 
 def nest(ranges: pd.DataFrame) -> pd.DataFrame:
     """Add ``depth`` (0 = top level) and ``parent`` (row index, -1 at top level) to ranges sorted by
-    (tid, start, -end), as ``reader.load`` returns them."""
+    (tid, start, -end), as ``nsys.load`` returns them."""
     start = ranges["start"].to_numpy(np.int64)
     end = ranges["end"].to_numpy(np.int64)
     tids = ranges["tid"].to_numpy(np.int64)

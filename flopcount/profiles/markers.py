@@ -23,8 +23,6 @@ import re
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
-import pandas as pd
-
 _MARKER = re.compile(
     r"^(?P<name>.*?)"
     r"(?:, seq = (?P<seq>\d+))?"
@@ -48,9 +46,8 @@ class Marker:
 
 def parse(text: str) -> Marker:
     """One range text -> Marker (a text that is not an emit_nvtx marker comes back as a bare name)."""
+    # every part after the name is optional and the name takes any text, so the pattern always matches
     m = _MARKER.match(text)
-    if m is None:  # unreachable with this pattern (every part is optional), kept for safety
-        return Marker(name=text)
     seq, op_id, sizes, ids = m.group("seq", "op_id", "sizes", "input_op_ids")
     return Marker(
         name=m.group("name"),
@@ -63,19 +60,6 @@ def parse(text: str) -> Marker:
 
 def parse_sizes(text: str) -> List[List[int]]:
     return json.loads(text)
-
-
-def parse_many(texts: pd.Series) -> pd.DataFrame:
-    """Vectorised :func:`parse` over a Series: columns name, seq (-1 if absent), op_id (-1), sizes (the raw
-    ``[[...]]`` text, NaN if absent), input_op_ids (raw text). Sizes stay text until an op needs them."""
-    parts = texts.str.extract(_MARKER)
-    out = pd.DataFrame(index=texts.index)
-    out["name"] = parts["name"].fillna(texts)
-    out["seq"] = pd.to_numeric(parts["seq"]).fillna(-1).astype("int64")
-    out["op_id"] = pd.to_numeric(parts["op_id"]).fillna(-1).astype("int64")
-    out["sizes"] = parts["sizes"]
-    out["input_op_ids"] = parts["input_op_ids"]
-    return out
 
 
 def sql_columns(text: str) -> str:

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from urllib.parse import quote
 
 import numpy as np
 import pandas as pd
 
-from ...errors import FlopcountError
+from ..errors import FlopcountError
 from . import markers
 
 REQUIRED_TABLES = ("StringIds", "NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME",
@@ -48,7 +48,6 @@ class Profile:
     schema_version: str = ""
     product_version: str = ""
     start_end_ranges: int = 0
-    notes: list = field(default_factory=list)
 
     @property
     def unlaunched(self) -> int:

@@ -22,12 +22,12 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from ... import formulas
-from ...report import COUNTED, UNCOUNTED, ZERO, FlopReport
+from .. import formulas
+from ..report import COUNTED, UNCOUNTED, ZERO, FlopReport
 from . import markers
-from .flops import Context, derive
+from .flops import POOL_NOTE, SCALE_NOTE, Context, derive
 from .ranges import ancestors_fill, innermost, nest, subtree_sum
-from .reader import Profile, load
+from .nsys import Profile, load
 
 NO_SHAPES = ("this profile was recorded without record_shapes: FLOPs cannot be derived from its markers "
              "(capture with emit_nvtx(record_shapes=True)); GPU time per op follows")
@@ -111,11 +111,10 @@ def analyze(path_or_profile, naive: bool = False) -> Analysis:
     """Analyse an Nsight Systems SQLite export (or a loaded Profile). ``naive`` also shapes the FlopReport:
     with it, the report holds the naive count instead of the de-duplicated one (``ops`` always has both)."""
     prof = path_or_profile if isinstance(path_or_profile, Profile) else load(path_or_profile)
-    r = nest(prof.ranges)
-    parsed = r  # the reader split the markers (name, seq, op_id, sizes) inside SQLite
-    name = parsed["name"].to_numpy(object)
-    seq = parsed["seq"].to_numpy(np.int64)
-    has_shapes = bool(parsed["sizes"].notna().any())
+    r = nest(prof.ranges)  # the reader already split each marker into name, seq, op_id and sizes
+    name = r["name"].to_numpy(object)
+    seq = r["seq"].to_numpy(np.int64)
+    has_shapes = bool(r["sizes"].notna().any())
     parent = r["parent"].to_numpy(np.int64)
     depth = r["depth"].to_numpy(np.int64)
     n = len(r)
@@ -161,8 +160,8 @@ def analyze(path_or_profile, naive: bool = False) -> Analysis:
     status = np.full(n, "", dtype=object)
     naive_flops = np.zeros(n, dtype=np.int64)
     if has_shapes:
-        flops, reason, status, naive_flops = _flops(r, parsed, name, seq, phase, op_of, is_op, parent, depth,
-                                                     int_k, float_k, under, notes)
+        flops, reason, status, naive_flops = _flops(r, name, seq, phase, is_op, parent, depth, int_k, float_k,
+                                                     under, notes)
 
     # --- the per-op table -------------------------------------------------------------------------------------
     op_names = per_name(name, lambda u: markers.packet(u) if aten.get(u) else u)
@@ -210,14 +209,14 @@ def analyze(path_or_profile, naive: bool = False) -> Analysis:
 
     report = None
     if has_shapes:
-        report = _report(r, op_names, phase, is_op, flops, status, naive_flops, naive, prof, notes)
+        report = _report(op_names, phase, is_op, flops, status, naive_flops, naive, prof, notes)
     return Analysis(ops=ops, report=report, has_shapes=has_shapes, kernels=len(k), kernels_unlaunched=unl,
                     kernels_outside_ranges=outside, ranges=n, notes=notes, path=prof.path)
 
 
-def _flops(r, parsed, name, seq, phase, op_of, is_op, parent, depth, int_k, float_k, under, notes):
+def _flops(r, name, seq, phase, is_op, parent, depth, int_k, float_k, under, notes):
     n = len(r)
-    sizes_txt = parsed["sizes"].to_numpy(object)
+    sizes_txt = r["sizes"].to_numpy(object)
     flops = np.full(n, -1, dtype=np.int64)
     reason = np.full(n, "", dtype=object)
     status = np.full(n, "", dtype=object)
@@ -247,7 +246,6 @@ def _flops(r, parsed, name, seq, phase, op_of, is_op, parent, depth, int_k, floa
         sz = markers.parse_sizes(sizes_txt[i]) if isinstance(sizes_txt[i], str) else []
         return len(sz) > 2 and bool(sz[2]), s != first_fwd_seq
     if any(markers.packet(x).startswith("aten.max_pool") for x in set(name[is_op])):
-        from .flops import POOL_NOTE
         notes.append(POOL_NOTE)
     if first_fwd_seq is not None:
         notes.append("assumed the step's input does not require a gradient (no grad_input for the first layer)")
@@ -258,6 +256,8 @@ def _flops(r, parsed, name, seq, phase, op_of, is_op, parent, depth, int_k, floa
     formula_rows = np.flatnonzero(per_name(
         name, lambda u: markers.is_aten(u) and formulas.lookup(markers.packet(u)) is not None, bool))
     zero_rows = per_name(name, lambda u: markers.packet(u) in formulas.ZERO_FLOP, bool)
+    if (phase[formula_rows] == "optimizer").any():
+        notes.append(SCALE_NOTE)
     for i in formula_rows:
         txt = sizes_txt[i]
         if not isinstance(txt, str):
@@ -268,6 +268,8 @@ def _flops(r, parsed, name, seq, phase, op_of, is_op, parent, depth, int_k, floa
             linked = s >= 0 and creator.get(s) == i and s in node_sizes
             out = node_sizes.get(s) if linked else None
             ctx = Context(out=tuple(tuple(x) for x in out) if out else None, linked=linked)
+        elif phase[i] == "optimizer":
+            ctx = Context(scaled=True)
         else:
             nd = node_of[i]
             ns = int(seq[nd]) if nd >= 0 else -1
@@ -288,7 +290,7 @@ def _flops(r, parsed, name, seq, phase, op_of, is_op, parent, depth, int_k, floa
     status[is_op & has_formula] = np.where(flops[is_op & has_formula] >= 0, COUNTED, UNCOUNTED)
     status[is_op & ~has_formula & zero_rows] = ZERO
     status[is_op & ~has_formula & ~zero_rows] = UNCOUNTED
-    # an op-level range without a derived count hands its FLOPs to the ranges it contains, if they have them
+    # the 2021 tool's count: a range's FLOPs are charged again for every kernel launched anywhere inside it
     naive_flops = np.where(flops > 0, flops, 0) * under
     failed = {}
     for i in np.flatnonzero(is_op & has_formula & (flops < 0)):
@@ -299,7 +301,7 @@ def _flops(r, parsed, name, seq, phase, op_of, is_op, parent, depth, int_k, floa
     return flops, reason, status, naive_flops
 
 
-def _report(r, op, phase, is_op, flops, status, naive_flops, naive, prof, notes) -> FlopReport:
+def _report(op, phase, is_op, flops, status, naive_flops, naive, prof, notes) -> FlopReport:
     if naive:
         sel = naive_flops > 0
         f = pd.DataFrame({"op": op[sel], "phase": phase[sel], "flops": naive_flops[sel], "status": COUNTED,
@@ -316,7 +318,8 @@ def _report(r, op, phase, is_op, flops, status, naive_flops, naive, prof, notes)
     phases = [p for p in ("forward", "backward", "optimizer") if (phase == p).any()]
     return FlopReport(frame=g, model="", estimator="nvtx-naive" if naive else "nvtx", phases=phases or ["forward"],
                       notes=list(notes) + ["bytes are not derived (markers carry no dtype)"],
-                      meta={"profile": prof.path, "schema": prof.schema_version})
+                      meta={"profile": prof.path, "schema": prof.schema_version,
+                            "exporter": prof.product_version})
 
 
 def compare_dispatch(analysis: Analysis, dispatch: FlopReport) -> pd.DataFrame:

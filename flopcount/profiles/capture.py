@@ -1,0 +1,94 @@
+"""``flopcount capture``: record one training step under ``nsys profile`` with emit_nvtx, and export SQLite.
+
+The step recorded is THE training step of ``flopcount.step``, built by :func:`training_step`: the model in training
+mode, a batch of its example input with random values, the default loss (cross-entropy against class 0 for
+``(N, C)`` logits), backward, and the default optimizer's step (SGD, lr 0.01) with ``zero_grad``. So the profile
+holds the step that ``flopcount utilization`` times; its forward and backward phases are the step that
+``flopcount count`` counts, and the SGD update lands in a phase of its own (``optimizer``), which totals can leave
+out.
+
+A child Python process (``python -m flopcount.profiles.capture MODEL BATCH ...``) runs the step so that nsys traces
+it from its start; ``nsys export --type sqlite`` then writes the file ``analyze`` reads. Both need a CUDA GPU and
+the ``nsys`` binary; without either, capture stops before starting with one line that says which is missing.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+from ..errors import FlopcountError, one_line
+
+# The child's own error line, told apart from what nsys prints around it.
+_CHILD_ERROR = "flopcount-capture-error: "
+
+
+class CaptureError(FlopcountError):
+    """The step could not be recorded or exported (no GPU, no nsys, a failing step, a failing export)."""
+
+
+def capture(model: str, batch: int, out: str = "run", input_shape=None, num_classes=None) -> str:
+    """Profile one training step of ``model`` and return the path of the SQLite export (``out``.sqlite)."""
+    nsys = shutil.which("nsys")
+    if nsys is None:
+        raise CaptureError("nsys (Nsight Systems) is not on PATH; install it or profile on a machine that has it")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise CaptureError("no CUDA GPU is available: capture profiles GPU kernels; run it on a machine with a GPU")
+    from ..models import load_model
+
+    # a spec that does not resolve fails here in one line, not after nsys has started
+    load_model(model, num_classes=num_classes, device="meta")
+    if input_shape is not None and not isinstance(input_shape, str):
+        input_shape = ",".join(str(d) for d in input_shape)
+    child = [sys.executable, "-m", "flopcount.profiles.capture", model, str(batch), input_shape or "",
+             str(num_classes or "")]
+    record = [nsys, "profile", "-t", "cuda,nvtx", "-o", out, "--force-overwrite", "true"] + child
+    export = [nsys, "export", "--type", "sqlite", "--force-overwrite", "true", "-o", f"{out}.sqlite", f"{out}.nsys-rep"]
+    for cmd in (record, export):
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        lines = ((res.stdout or "") + "\n" + (res.stderr or "")).strip().splitlines()
+        # nsys may exit 0 after its application failed, so the child's own line decides first
+        failed = [ln[len(_CHILD_ERROR):] for ln in lines if ln.startswith(_CHILD_ERROR)]
+        if failed:
+            raise CaptureError(f"the recorded step of {model} at batch {batch} failed: {failed[-1]}")
+        if res.returncode != 0:
+            last = next((ln.strip() for ln in reversed(lines) if ln.strip()), f"exit {res.returncode}")
+            raise CaptureError(f"{' '.join(cmd[:2])} failed: {last}")
+    return f"{out}.sqlite"
+
+
+def training_step(model_spec: str, batch: int, *, device="cuda", input_shape=None, num_classes=None):
+    """THE training step (``flopcount.step.make_train_step``: default loss, SGD lr 0.01) of ``model_spec`` on a
+    random batch of ``batch`` example inputs on ``device``. The step's ``model`` and ``inputs`` are attached to it,
+    so that a count can be taken of the very model and batch that were recorded."""
+    from ..models import load_model
+    from ..step import make_inputs, make_train_step
+
+    model, name = load_model(model_spec, num_classes=num_classes, device=device)
+    inputs = make_inputs(model, batch, name=name, device=device, input_shape=input_shape)
+    step = make_train_step(model, inputs)
+    step.model, step.inputs = model, inputs
+    return step
+
+
+def _record(model_spec: str, batch: int, input_shape=None, num_classes=None) -> None:
+    """The profiled child: one warm-up step (cuDNN autotuning, allocator growth), then one step inside
+    emit_nvtx(record_shapes=True)."""
+    import torch
+
+    step = training_step(model_spec, batch, device="cuda", input_shape=input_shape, num_classes=num_classes)
+    step()
+    torch.cuda.synchronize()
+    with torch.autograd.profiler.emit_nvtx(record_shapes=True):
+        step()
+        torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    try:
+        _record(sys.argv[1], int(sys.argv[2]), sys.argv[3] or None, int(sys.argv[4]) if sys.argv[4] else None)
+    except Exception as exc:
+        print(_CHILD_ERROR + one_line(exc), file=sys.stderr)
+        sys.exit(2)
