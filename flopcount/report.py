@@ -129,15 +129,16 @@ class FlopReport:
         return f"FlopReport({self.model or '?'}, batch={self.batch_size}, {self.estimator}: {phases})"
 
 
-def atomic_write(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` so that a reader never sees half a file and a crash loses nothing old."""
+def atomic_write(path: str, data) -> None:
+    """Write ``data`` (text or bytes) to ``path`` so that a reader never sees half a file and a crash loses nothing
+    old. The file is replaced, never written through: a symlink at ``path`` is replaced, not followed."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
     try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as fh:
+            fh.write(data)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; the result is an ordinary file

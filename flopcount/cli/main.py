@@ -131,13 +131,19 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        return importlib.import_module(f"{__package__}.{COMMANDS[args.command]}").run(args)
+        code = importlib.import_module(f"{__package__}.{COMMANDS[args.command]}").run(args)
+        sys.stdout.flush()  # a full disk or a closed pipe shows here, while it can still be said in one line
+        return code
     except FlopcountError as exc:
         print(f"flopcount: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_ERROR
     except BrokenPipeError:  # `flopcount ... | head`: the reader left; say nothing more
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _drop_stdout()
         return EXIT_OK
+    except OSError as exc:  # writing the output failed (a full disk, /dev/full, a read-only folder)
+        _drop_stdout()
+        print(f"flopcount: error: cannot write the output: {exc.strerror or one_line(exc)}", file=sys.stderr)
+        return EXIT_ERROR
     except KeyboardInterrupt:
         print("flopcount: interrupted", file=sys.stderr)
         return 130
@@ -147,3 +153,12 @@ def main(argv=None) -> int:
         print(f"flopcount: internal error: {one_line(exc)} (a bug in flopcount, not in your input; "
               "FLOPCOUNT_DEBUG=1 shows the traceback)", file=sys.stderr)
         return EXIT_ERROR
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush of what is still buffered cannot fail
+    again (and print a traceback) on the way out."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
