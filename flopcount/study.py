@@ -236,11 +236,11 @@ class TorchBackend:
         the one the step is timed on) and a real batch."""
         import torch
 
-        from .estimators import get_estimator
+        from .estimators import Request, get_estimator, run
 
         est = get_estimator(estimator)
         x = torch.rand((batch,) + tuple(self.config.image_shape), device=self.device)
-        return int(est.estimate(self._model(name), x).total("forward"))
+        return int(run(est, Request(self._model(name), x, phases=("forward",))).total("forward"))
 
     # timing, on the real device
     def _model(self, name: str):
