@@ -1,6 +1,7 @@
 """``flopcount compare MODEL``: FLOPs by several estimators, op kind x estimator, the differences explained."""
 from __future__ import annotations
 
+import os
 import sys
 
 from .main import EXIT_OK, add_format, add_model, print_frame, print_json, warn
@@ -28,10 +29,6 @@ def run(args) -> int:
         table = compare(model, inputs, estimators=names, model_name=name)
     for est, msg in table.attrs["errors"].items():
         warn(f"estimator {est} failed, the others are compared: {msg}")
-    if args.plot:
-        from ..plots import compare_totals
-
-        compare_totals(table, args.plot, title=f"{name}, batch {args.batch}")
     if args.format == "json":
         print_json(to_json(table))
     elif args.format == "csv":
@@ -49,4 +46,10 @@ def run(args) -> int:
             for label in ("uncounted", "reason"):
                 if row[label]:
                     print(f"{row['op']} {row['phase']} {label}: {row[label]}")
+    if args.plot:  # after the table: a figure that cannot be written must not cost what was computed
+        from ..plots import compare_totals
+
+        sys.stdout.flush()
+        compare_totals(table, args.plot, title=f"{name}, batch {args.batch}")
+        print(f"wrote {os.path.abspath(args.plot)}", file=sys.stderr)
     return EXIT_OK

@@ -18,13 +18,15 @@ def add(sub) -> None:
 
 
 def run(args) -> int:
-    from .. import count
+    from .. import count, get_estimator
     from ..errors import model_errors
     from ..models import build
     from ..scaling import check_scaling
 
+    # an estimator that runs the model needs real weights and inputs; the dispatch counter needs neither
+    real = get_estimator(args.estimator).capabilities.real_weights
     model, inputs, name = build(args.model, batch=args.batch, input_shape=args.input_shape,
-                                num_classes=args.num_classes)
+                                num_classes=args.num_classes, device="cpu" if real else "meta", random=real)
     with model_errors(name, inputs):
         report = count(model, inputs, estimator=args.estimator, backward=not args.no_backward)
         mismatches = None

@@ -49,18 +49,25 @@ def _roofline(args) -> int:
 
     roof = from_spec(args.model, args.device_spec, batch=args.batch, dtype=args.dtype, tf32=args.tf32,
                      measured_seconds=args.measured, input_shape=args.input_shape, num_classes=args.num_classes)
-    spec = roof.spec
     table = roof.by(args.by)
-    if args.plot:
-        from ..plots import plot_roofline
-
-        plot_roofline(roof, args.plot)
     if args.format == "json":
         print_json(dict(roof.summary(), by=args.by, groups=records(table.reset_index()), ops=records(roof.ops)))
-        return EXIT_OK
-    if args.format == "csv":
+    elif args.format == "csv":
         print_frame(table, "csv")
-        return EXIT_OK
+    else:
+        _print_roofline(roof, table, args)
+    if args.plot:  # after the table: a figure that cannot be written must not cost what was computed
+        from ..plots import plot_roofline
+
+        sys.stdout.flush()
+        plot_roofline(roof, args.plot)
+        if args.format == "table":
+            print(f"wrote {args.plot}")
+    return EXIT_OK
+
+
+def _print_roofline(roof, table, args) -> None:
+    spec = roof.spec
     ridges = ", ".join(f"{p} {spec.peak(p) / spec.bandwidth:.1f}" for p in sorted(set(roof.ops["precision"])))
     print(f"{roof.model}  batch={roof.batch_size}  {args.dtype}  on {spec.name} "
           f"({spec.bandwidth / 1e9:g} GB/s; ridge point FLOP/byte: {ridges})")
@@ -78,9 +85,6 @@ def _roofline(args) -> int:
     print_frame(shown, "table", float_format=_SHORT)
     for note in roof.notes:
         warn(note)
-    if args.plot:
-        print(f"wrote {args.plot}")
-    return EXIT_OK
 
 
 def _overhead(args) -> int:
