@@ -39,20 +39,15 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
-def print_frame(frame, fmt: str, title: str = "", float_format=None) -> None:
-    """Print a DataFrame as an aligned table or CSV (json is each command's own: one document)."""
-    import pandas as pd
-
+def print_frame(frame, fmt: str, title: str = "", cols=None) -> None:
+    """Print a DataFrame as CSV (exact numbers) or through the one table renderer (``render.Col`` list, or
+    columns guessed from the frame); json is each command's own: one document."""
     if fmt == "csv":
         sys.stdout.write(frame.to_csv())
         return
-    if title:
-        print(title)
-    options = ["display.max_rows", None, "display.max_columns", None, "display.width", 200]
-    if float_format is not None:
-        options += ["display.float_format", float_format]
-    with pd.option_context(*options):
-        print(frame.to_string())
+    from . import render
+
+    render.show(frame, cols or render.auto_cols(frame), title=[title] if title else ())
 
 
 def print_json(doc) -> None:
@@ -106,6 +101,11 @@ def _number(text: str, cast):
 
 def add_format(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=FORMATS, default="table", help="output format (json: one document on stdout)")
+
+
+def add_top(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--top", type=positive_int, default=None, metavar="N",
+                   help="table: the N largest rows, the rest summed into one 'other' row (csv and json keep all)")
 
 
 def add_model(p: argparse.ArgumentParser, batch_default: Optional[int] = 1, batch: bool = True) -> None:

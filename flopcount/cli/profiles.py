@@ -1,13 +1,14 @@
 """``flopcount nsys PROFILE.sqlite`` (per-op FLOPs and GPU time of a recorded step) and ``flopcount capture``."""
 from __future__ import annotations
 
-from .main import EXIT_OK, add_format, add_model, print_frame, print_json, records, warn
+from .main import EXIT_OK, add_format, add_model, add_top, print_frame, print_json, records, warn
 
 
 def add(sub) -> None:
     p = sub.add_parser("nsys", help="per-op FLOPs and GPU time from an Nsight Systems SQLite export")
     p.add_argument("profile", help="PROFILE.sqlite (nsys export --type sqlite)")
     p.add_argument("--naive", action="store_true", help="count the way the 2021 study's tool did")
+    add_top(p)
     add_format(p)
 
     p = sub.add_parser("capture", help="profile a training step under nsys with emit_nvtx and export SQLite")
@@ -35,13 +36,11 @@ def _nsys(args) -> int:
     if args.format == "csv":
         print_frame(ops, "csv")
         return EXIT_OK
-    print(f"{args.profile}  ranges={a.ranges:,}  kernels={a.kernels:,}  GPU time={a.gpu_seconds():.6f} s")
-    if a.report is not None:
-        label = "naive (every kernel x every enclosing range)" if args.naive else "de-duplicated (each op once)"
-        print("  " + "  ".join(f"{p}={a.report.total(p):,}" for p in a.report.phases) + f"  FLOPs, {label}")
-    print_frame(ops[["flops", "naive_flops", "calls", "kernels", "gpu_s", "flops_per_s"]], "table")
-    for note in a.notes:
-        warn(note) if note.startswith("this profile was recorded without") else print(f"note: {note}")
+    warned = [n for n in a.notes if n.startswith("this profile was recorded without")]
+    for note in warned:
+        warn(note)
+    print(nsys_table(a, args.profile, naive=args.naive, top=args.top,
+                     notes=[f"note: {n}" for n in a.notes if n not in warned]))
     return EXIT_OK
 
 
@@ -51,3 +50,34 @@ def _capture(args) -> int:
     path = capture(args.model, args.batch, out=args.out, input_shape=args.input_shape, num_classes=args.num_classes)
     print(path)
     return EXIT_OK
+
+
+def nsys_table(a, profile: str, naive: bool = False, top=None, notes=(), width=None, color=None) -> str:
+    """Per op and phase: FLOPs (de-duplicated and naive), calls, kernels, GPU time with its share, FLOP/s."""
+    from . import render as R
+
+    ops = a.ops.set_index(["op", "phase"])[["flops", "naive_flops", "calls", "kernels", "gpu_s"]]
+    gpu = float(ops["gpu_s"].sum())
+    if top is not None:
+        ops = R.top(ops.reset_index(["phase"]), top, "gpu_s", ["flops", "naive_flops", "calls", "kernels", "gpu_s"])
+    shapes = a.report is not None
+    ops = ops.assign(share=ops["gpu_s"] / gpu if gpu else float("nan"))
+    ops["flops_per_s"] = (ops["flops"] / ops["gpu_s"].where(ops["gpu_s"] > 0)).astype(float)
+    title = [R.headline(profile, ranges=f"{a.ranges:,}", kernels=f"{a.kernels:,}",
+                        gpu_time=R.seconds(a.gpu_seconds()))]
+    if shapes:
+        label = "naive (every kernel x every enclosing range)" if naive else "de-duplicated (each op once)"
+        title.append("  " + "  ".join(f"{p} {R.si(a.report.total(p))}" for p in a.report.phases)
+                     + f"  FLOPs, {label}")
+    cols = [R.Col("op"), R.Col("phase"), R.Col("flops", R.FLOPS, "FLOPs"),
+            R.Col("naive_flops", R.FLOPS, "naive", drop=3), R.Col("calls", R.INT, drop=1),
+            R.Col("kernels", R.INT, drop=2), R.Col("gpu_s", R.SECONDS, "GPU time"),
+            R.Col("share", R.SHARE, drop=5), R.Col("flops_per_s", R.RATE, "FLOP/s", drop=4)]
+    total = dict(op="total", calls=int(a.ops["calls"].sum()), kernels=int(a.ops["kernels"].sum()), gpu_s=gpu,
+                 share=1.0 if gpu else None)
+    if shapes:
+        total.update(flops=a.ops["flops"].sum(), naive_flops=a.ops["naive_flops"].sum())
+        total["flops_per_s"] = total["flops"] / gpu if gpu else None
+    f = ops.reset_index()
+    f["phase"] = f["phase"].fillna("")
+    return R.table(f, cols, title=title, total=total, notes=notes, width=width, color=color)

@@ -279,8 +279,18 @@ def count_step(
     notes = [f"formula for {op} failed: {err}" for op, err in counter.errors.items()]
     return FlopReport.from_rows(
         rows, model=model_name or type(model).__name__, batch_size=batch_size_of(inputs, default=None),
-        estimator="dispatch", phases=phases, notes=notes, meta={"device": device},
+        estimator="dispatch", phases=phases, notes=notes, meta={"device": device, "params": _owned_params(model)},
     )
+
+
+def _owned_params(model: torch.nn.Module) -> Dict[str, int]:
+    """Module path -> parameters it owns directly, for every module in model order (a shared parameter counts
+    once, at its first path, as ``named_parameters`` lists it)."""
+    owned = {name: 0 for name, _ in model.named_modules()}
+    for name, p in model.named_parameters():
+        owner = name.rpartition(".")[0]
+        owned[owner] = owned.get(owner, 0) + p.numel()
+    return owned
 
 
 class DispatchEstimator:
