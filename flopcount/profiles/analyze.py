@@ -49,6 +49,14 @@ class Analysis:
     ranges: int
     notes: list = field(default_factory=list)
     path: str = ""
+    devices: list = field(default_factory=list)  # GPU names (a torch.profiler trace's deviceProperties)
+    time_source: str = "device"  # "cpu" where the profile has no device activity (op time = CPU time)
+
+    def flops_per_s(self, phase: Optional[str] = None) -> float:
+        """Achieved FLOP/s of a phase (or all): its de-duplicated FLOPs over its ops' time."""
+        f = self.ops if phase is None else self.ops[self.ops["phase"] == phase]
+        t = float(f["gpu_s"].sum())
+        return float(f["flops"].sum()) / t if t > 0 and self.has_shapes else float("nan")
 
     def gpu_seconds(self, phase: Optional[str] = None) -> float:
         f = self.ops if phase is None else self.ops[self.ops["phase"] == phase]
@@ -221,7 +229,8 @@ def analyze(path_or_profile, naive: bool = False) -> Analysis:
     if has_shapes:
         report = _report(packets, name_codes, phase, is_op, flops, status, naive_flops, naive, prof, notes)
     return Analysis(ops=ops, report=report, has_shapes=has_shapes, kernels=len(k), kernels_unlaunched=unl,
-                    kernels_outside_ranges=outside, ranges=n, notes=notes, path=prof.path)
+                    kernels_outside_ranges=outside, ranges=n, notes=notes, path=prof.path,
+                    devices=list(prof.devices), time_source="cpu" if prof.cpu_times else "device")
 
 
 def _report(packets, name_codes, phase, is_op, flops, status, naive_flops, naive, prof, notes) -> FlopReport:

@@ -38,14 +38,17 @@ class Context:
 
 
 @lru_cache(maxsize=None)
-def _schemas(name: str):
+def _schemas(name: str, with_out: bool = False):
+    """The op's overloads as argument tuples; ``with_out``: the out= overloads only (older traces record their
+    ``out`` tensor as an argument)."""
     try:
         schemas = torch._C._jit_get_schemas_for_operator(name)
     except Exception:
         return ()
     out = []
     for s in schemas:
-        if s.overload_name.endswith("out") or any(getattr(a, "is_out", False) for a in s.arguments):
+        is_out = s.overload_name.endswith("out") or any(getattr(a, "is_out", False) for a in s.arguments)
+        if is_out != with_out:
             continue
         out.append(tuple((a.name, str(a.type), a.default_value if a.has_default_value() else _NO_DEFAULT, a.kwarg_only)
                          for a in s.arguments))
@@ -169,12 +172,12 @@ def _fit_nested(schema, dims, types):
     return out
 
 
-def _best_fit(op: str, sizes):
+def _best_fit(op: str, sizes, with_out: bool = False):
     """The overload a spliced marker most likely called. ``_foreach_add_(params, grads, alpha)`` also fits
     ``_foreach_add_(tensors, scalar)`` with twice the tensors; an overload whose second list repeats the first
     one's sizes (a gradient per parameter) is the one PyTorch's optimizers call."""
     first = None
-    for schema in _schemas(op):
+    for schema in _schemas(op, with_out):
         fitted = _fit(schema, sizes)
         if fitted is None:
             continue
@@ -254,6 +257,11 @@ def _infer(name: str, bound: dict, ctx: Context, known=frozenset()):
         has_w = bound.get("weight") is not None and len(bound["weight"]) > 0
         guess = {"train": sm is not None and numel_or0(sm) > 0, "output_mask": [True, has_w, has_w]}
         bound.update({k: v for k, v in guess.items() if k not in known})
+    if base in ("native_layer_norm_backward", "native_group_norm_backward", "_fused_rms_norm_backward") and \
+            "output_mask" not in known:
+        # grad_input unless the norm saw the step's input; weight and bias gradients where they exist
+        has = [bound.get(k) is not None and len(bound[k]) > 0 for k in ("weight", "bias")]
+        bound["output_mask"] = [ctx.input_needs_grad, has[0], has[1] if base != "_fused_rms_norm_backward" else False]
     if out is not None:
         return torch.Size(out)
     tensors = [v for _, v in bound.items() if isinstance(v, torch.Size)]
@@ -301,8 +309,12 @@ def derive(op: str, sizes, ctx: Context = Context(), values=None, types=None):
     fn = formulas.lookup(op.replace("::", ".", 1))
     if fn is None:
         return None, "no formula"
-    fitted = _best_fit(op, sizes) if values is None else next(
-        (f for f in (_fit_nested(sc, sizes, types) for sc in _schemas(op)) if f is not None), None)
+    fitted = None
+    for with_out in (False, True):
+        fitted = _best_fit(op, sizes, with_out) if values is None else next(
+            (f for f in (_fit_nested(sc, sizes, types) for sc in _schemas(op, with_out)) if f is not None), None)
+        if fitted is not None:
+            break
     if fitted is None:
         return None, f"sizes {_short(sizes)} fit no schema of {op}"
     bound = {name: (_fill(name, typ, default) if value is _NO_DEFAULT else value) for name, typ, default, value in fitted}
@@ -334,7 +346,7 @@ def _short(x, limit: int = 120) -> str:
 
 
 def _kwarg_only(op: str, arg: str) -> bool:
-    for schema in _schemas(op):
+    for schema in _schemas(op) + _schemas(op, True):
         for name, _, _, kw in schema:
             if name == arg:
                 return kw

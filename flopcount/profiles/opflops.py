@@ -54,6 +54,31 @@ def _valid_sizes(doc) -> bool:
     return isinstance(doc, list) and all(isinstance(s, list) and ok(s, 1) for s in doc)
 
 
+_INT_TYPE_NAMES = {"long int", "int", "short int", "signed char", "unsigned char", "bool", "long", "short",
+                   "int64_t", "int32_t", "int16_t", "int8_t", "uint8_t"}
+_NOT_TENSOR = {"", "Scalar", "ScalarList", "TensorList", "GenericList", "None"}
+
+
+def integer_only(types) -> bool:
+    """Whether a trace's ``Input type`` names only integer or bool tensors (and at least one tensor)."""
+    if not types:
+        return False
+    tensors = [t for t in types if isinstance(t, str) and t not in _NOT_TENSOR]
+    return bool(tensors) and all(t in _INT_TYPE_NAMES for t in tensors)
+
+
+def group_codes(cols):
+    """(code per row, first row of each code) of the distinct tuples of integer columns, without a Python tuple
+    per row: the codes are combined column by column and re-densified."""
+    n = len(cols[0]) if cols else 0
+    code = np.zeros(n, dtype=np.int64)
+    for c in cols:
+        cc, uc = pd.factorize(np.asarray(c))
+        code, _ = pd.factorize(code * max(len(uc), 1) + cc)
+    _, firsts = np.unique(code, return_index=True)
+    return code, firsts
+
+
 def op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, int_k, float_k, fmt, notes):
     """(flops (-1 where not derived), reason, status code) per range, and the set of (op, reason) failures."""
     n = len(r)
@@ -120,9 +145,10 @@ def op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, int_k, 
     has_bias = np.where(fwd_row >= 0, lookup(fwd_code, uniq_codes, bias_table, 0), -1)
     needs = (ns != first_fwd_seq) if first_fwd_seq is not None else np.ones(len(rows), bool)
     kind = np.where(fw, 0, np.where(opt, 2, 1))
-    keys = pd.MultiIndex.from_arrays([name_codes[rows], sc[rows], np.where(fw, out, -1), np.where(fw, linked, 0),
-                                      np.where(bw, has_bias, -2), np.where(bw, needs, 0), kind])
-    codes, uniq = keys.factorize()
+    cols = [name_codes[rows], sc[rows], np.where(fw, out, -1), np.where(fw, linked, 0).astype(np.int64),
+            np.where(bw, has_bias, -2), np.where(bw, needs, 0).astype(np.int64), kind]
+    codes, firsts = group_codes(cols)
+    uniq = [tuple(int(c[i]) for c in cols) for i in firsts]
     values = np.full(len(uniq), -1, dtype=np.int64)
     why = np.full(len(uniq), -1, dtype=np.int64)
     parsed = {}
@@ -141,6 +167,8 @@ def op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, int_k, 
                 ctx = Context(input_needs_grad=bool(nd), forward_has_bias=None if hb < 0 else bool(hb))
             try:
                 f, reason = derive(str(name_cats[nc]), args[0], ctx, values=args[2], types=args[1])
+                if f and integer_only(args[1]):
+                    f = 0  # integer work is not floating-point work (num_batches_tracked += 1)
             except (RecursionError, MemoryError, OverflowError) as exc:
                 f, reason = None, f"sizes too large or too deep for a formula ({type(exc).__name__})"
         if f is not None and not 0 <= f < 1 << 62:
