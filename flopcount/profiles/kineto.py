@@ -84,7 +84,18 @@ def parse_value(text):
 
 
 def _ns(x) -> int:
-    return int(round(float(x) * 1000))
+    """Microseconds -> integer nanoseconds, exactly: epoch times in microseconds times 1000 pass 2**53, where a
+    float product would round by hundreds of nanoseconds and break the nesting."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise TypeError("not a number")
+    if isinstance(x, int):
+        v = x * 1000
+    else:
+        whole = math.floor(x)
+        v = int(whole) * 1000 + int(round((x - whole) * 1000))
+    if not -(1 << 62) < v < 1 << 62:
+        raise OverflowError("time out of range")
+    return v
 
 
 def load(path) -> Profile:
@@ -107,7 +118,7 @@ def load(path) -> Profile:
         if not isinstance(e, dict) or e.get("ph") != "X":
             continue
         cat = e.get("cat")
-        if cat not in RANGE_CATS and cat not in LAUNCH_CATS and cat not in DEVICE_CATS:
+        if not isinstance(cat, str) or cat not in RANGE_CATS and cat not in LAUNCH_CATS and cat not in DEVICE_CATS:
             continue
         args = e.get("args") if isinstance(e.get("args"), dict) else {}
         try:
@@ -119,15 +130,17 @@ def load(path) -> Profile:
             continue
         if cat in LAUNCH_CATS:
             corr = args.get("correlation")
-            if isinstance(corr, int):
+            if isinstance(corr, int) and not isinstance(corr, bool) and 0 <= corr < 1 << 62:
                 launches.append((corr, thread, start))
             continue
         if cat in DEVICE_CATS:
             corr = args.get("correlation")
-            device.append((start, start + max(dur, 0), corr if isinstance(corr, int) else -1, str(e.get("name", ""))))
+            ok = isinstance(corr, int) and not isinstance(corr, bool) and 0 <= corr < 1 << 62
+            device.append((start, start + max(dur, 0), corr if ok else -1,
+                           str(e.get("name", ""))[:4096]))
             continue
         name = e.get("name")
-        if not isinstance(name, str) or len(name) > 4096:
+        if not isinstance(name, str) or not name or len(name) > 4096:
             skip("op without a usable name")
             continue
         if dur < 0:  # 0 is an op shorter than the trace's microsecond resolution, and kept
@@ -149,7 +162,8 @@ def load(path) -> Profile:
                 sizes = json.dumps([dims, types, values], separators=(",", ":"))
             except (TypeError, ValueError):
                 skip("op with malformed Input Dims")
-        rows.append((start, start + dur, thread, name, seq, fwd_tid, sizes))
+        # half-open: with whole-microsecond times an op that ends as the next begins would seem to enclose it
+        rows.append((start, start + max(dur - 1, 0), thread, name, seq, fwd_tid, sizes))
     if not rows:
         raise ProfileError(f"{path}: no cpu_op events: record the trace with torch.profiler (CPU activity on)")
     ranges = pd.DataFrame(rows, columns=["start", "end", "thread", "name", "seq", "fwd_tid", "sizes"])

@@ -90,6 +90,7 @@ def _open(path: str):
         uri = _uri(path, immutable)
         try:
             con = sqlite3.connect(uri, uri=True)
+            con.text_factory = lambda b: b.decode("utf-8", "replace")  # a corrupt text is data, not a crash
             con.execute("SELECT count(*) FROM sqlite_master").fetchone()
         except sqlite3.DatabaseError as exc:
             if immutable:
@@ -309,6 +310,7 @@ def _read_kernels(uri, path, skipped):
     strings = {}
     ids = [int(u) for u in uniq if u >= 0]
     con = sqlite3.connect(uri, uri=True, check_same_thread=False)
+    con.text_factory = lambda b: b.decode("utf-8", "replace")
     for i in range(0, len(ids), 500):
         chunk = ids[i:i + 500]
         strings.update(_query(con, f"SELECT id, CAST(substr(value, 1, 4096) AS TEXT) FROM StringIds WHERE id IN "
