@@ -366,3 +366,27 @@ def test_fuzz_readers(small_profile, tmp_path, capsys):
         assert "Traceback" not in out.err and "internal error" not in out.err, (i, out.err)
         assert rc == 0 or (rc == 2 and out.err.count("\n") == 1), (i, rc, out.err)
     assert time.time() - t0 < 60
+
+
+def test_gpu_check_without_gpu_stops_in_one_line(capsys, monkeypatch):
+    import torch
+
+    from experiments import gpu_check
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gpu_check.main(["--out", "unused"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("gpu_check: no CUDA GPU") and "\n" not in err
+
+
+@needs_kineto
+def test_gpu_check_analysis_on_a_trace():
+    from experiments import gpu_check
+
+    class Counted:  # the dispatch side, as the MI250 MLP was worked out by hand
+        def total(self, phase):
+            return {"forward": 167_040, "backward": 184_192}[phase]
+
+    row = gpu_check.counts_side_by_side(Counted(), kineto.analyze(MI250))
+    assert row["forward"] == {"dispatch": 167_040, "trace": 167_040, "nvtx": None}
+    assert row["backward"]["trace"] == row["backward"]["dispatch"]

@@ -299,4 +299,4 @@ def test_parse_benchmark_runs_at_a_tiny_size():
     assert res.returncode == 0, res.stderr
     assert "400 ranges, 400 kernels attributed" in res.stdout
     ratios = re.findall(r"analyze is (\d+(?:\.\d+)?)x faster", res.stdout)
-    assert len(ratios) == 2, res.stdout
+    assert len(ratios) == 4, res.stdout

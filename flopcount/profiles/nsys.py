@@ -92,6 +92,8 @@ def _open(path: str):
             con = sqlite3.connect(uri, uri=True)
             con.text_factory = lambda b: b.decode("utf-8", "replace")  # a corrupt text is data, not a crash
             con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        except UnicodeDecodeError:  # SQLite's own message quotes a corrupt schema's bytes
+            raise ProfileError(f"{path}: corrupt SQLite file (its schema is not valid text)") from None
         except sqlite3.DatabaseError as exc:
             if immutable:
                 raise ProfileError(f"{path}: unreadable SQLite file ({exc})") from None
@@ -111,6 +113,8 @@ def _query(con, sql: str, path: str, params=()):
         return con.execute(sql, params).fetchall()
     except sqlite3.DatabaseError as exc:  # a truncated file fails here, not at connect time
         raise ProfileError(f"{path}: corrupt or truncated SQLite file ({exc})") from None
+    except UnicodeDecodeError:
+        raise ProfileError(f"{path}: corrupt SQLite file (a schema or message that is not valid text)") from None
 
 
 def _columns(con, table: str, path: str) -> set:
