@@ -26,7 +26,7 @@ EXIT_OK, EXIT_CHECK_FAILED, EXIT_ERROR = 0, 1, 2
 # command -> module of this package that holds it (several small commands share a module)
 COMMANDS = {
     "count": "count", "compare": "compare", "utilization": "utilization", "peaks": "utilization",
-    "roofline": "roofline", "overhead": "roofline", "nsys": "profiles", "capture": "profiles", "study": "study",
+    "roofline": "roofline", "overhead": "roofline", "nsys": "profiles", "trace": "profiles", "capture": "profiles", "study": "study",
 }
 
 

@@ -1,4 +1,5 @@
-"""``flopcount nsys PROFILE.sqlite`` (per-op FLOPs and GPU time of a recorded step) and ``flopcount capture``."""
+"""``flopcount nsys PROFILE.sqlite`` and ``flopcount trace TRACE.json[.gz]`` (per-op FLOPs and device time of a
+recorded step) and ``flopcount capture``."""
 from __future__ import annotations
 
 from .main import EXIT_OK, add_format, add_model, add_top, print_frame, print_json, records, warn
@@ -11,25 +12,41 @@ def add(sub) -> None:
     add_top(p)
     add_format(p)
 
-    p = sub.add_parser("capture", help="profile a training step under nsys with emit_nvtx and export SQLite")
+    p = sub.add_parser("trace", help="per-op FLOPs, device time and FLOP/s from a torch.profiler trace")
+    p.add_argument("profile", metavar="TRACE", help="TRACE.json or TRACE.json.gz (torch.profiler, record_shapes=True)")
+    p.add_argument("--naive", action="store_true", help="every kernel x every enclosing op, as the 2021 study")
+    add_top(p)
+    add_format(p)
+
+    p = sub.add_parser("capture", help="profile a training step (nsys + emit_nvtx, or torch.profiler with --kineto)")
     add_model(p)
-    p.add_argument("--out", default="run", help="output name (run.nsys-rep, run.sqlite)")
+    p.add_argument("--out", default="run", help="output name (run.nsys-rep and run.sqlite; run.json.gz with --kineto)")
+    p.add_argument("--kineto", action="store_true", help="record a torch.profiler trace instead (CPU or GPU)")
     add_format(p)
 
 
 def run(args) -> int:
-    return _capture(args) if args.command == "capture" else _nsys(args)
+    if args.command == "capture":
+        return _capture(args)
+    if args.command == "trace":
+        from ..profiles import kineto
 
-
-def _nsys(args) -> int:
+        return _print(args, kineto.analyze(args.profile, naive=args.naive), "trace")
     from ..profiles import analyze
 
-    a = analyze(args.profile, naive=args.naive)
+    return _print(args, analyze(args.profile, naive=args.naive), "nsys")
+
+
+def _print(args, a, kind: str) -> int:
     ops = a.ops.set_index(["op", "phase"])
+    time_label = "CPU time" if a.time_source == "cpu" else "GPU time"
     if args.format == "json":
         doc = a.report.to_dict() if a.report is not None else {"flops": None}
         doc.update({"profile": args.profile, "has_shapes": a.has_shapes, "kernels": a.kernels,
-                    "kernels_unlaunched": a.kernels_unlaunched, "gpu_seconds": a.gpu_seconds(),
+                    "kernels_unlaunched": a.kernels_unlaunched, "time_source": a.time_source,
+                    "seconds": a.gpu_seconds(), "gpu_seconds": a.gpu_seconds(), "devices": a.devices,
+                    "flops_per_s": {p: a.flops_per_s(p) for p in ("forward", "backward", "optimizer")
+                                    if (a.ops["phase"] == p).any()} if a.has_shapes else None,
                     "notes": a.notes, "per_op": records(a.ops)})
         print_json(doc)
         return EXIT_OK
@@ -39,21 +56,28 @@ def _nsys(args) -> int:
     warned = [n for n in a.notes if n.startswith("this profile was recorded without")]
     for note in warned:
         warn(note)
-    print(nsys_table(a, args.profile, naive=args.naive, top=args.top,
+    print(nsys_table(a, args.profile, naive=args.naive, top=args.top, kind=kind,
                      notes=[f"note: {n}" for n in a.notes if n not in warned]))
     return EXIT_OK
 
 
 def _capture(args) -> int:
-    from ..profiles.capture import capture
+    from ..profiles.capture import capture, capture_kineto
 
-    path = capture(args.model, args.batch, out=args.out, input_shape=args.input_shape, num_classes=args.num_classes)
+    if args.kineto:
+        path = capture_kineto(args.model, args.batch, out=args.out, input_shape=args.input_shape,
+                              num_classes=args.num_classes)
+    else:
+        path = capture(args.model, args.batch, out=args.out, input_shape=args.input_shape,
+                       num_classes=args.num_classes)
     print(path)
     return EXIT_OK
 
 
-def nsys_table(a, profile: str, naive: bool = False, top=None, notes=(), width=None, color=None) -> str:
-    """Per op and phase: FLOPs (de-duplicated and naive), calls, kernels, GPU time with its share, FLOP/s."""
+def nsys_table(a, profile: str, naive: bool = False, top=None, notes=(), width=None, color=None,
+               kind: str = "nsys") -> str:
+    """Per op and phase: FLOPs (de-duplicated and naive), calls, kernels, device time with its share, FLOP/s
+    (CPU time on a trace without device activity)."""
     from . import render as R
 
     ops = a.ops.set_index(["op", "phase"])[["flops", "naive_flops", "calls", "kernels", "gpu_s"]]
@@ -63,15 +87,20 @@ def nsys_table(a, profile: str, naive: bool = False, top=None, notes=(), width=N
     shapes = a.report is not None
     ops = ops.assign(share=ops["gpu_s"] / gpu if gpu else float("nan"))
     ops["flops_per_s"] = (ops["flops"] / ops["gpu_s"].where(ops["gpu_s"] > 0)).astype(float)
-    title = [R.headline(profile, ranges=f"{a.ranges:,}", kernels=f"{a.kernels:,}",
-                        gpu_time=R.seconds(a.gpu_seconds()))]
+    time_label = "CPU time" if getattr(a, "time_source", "gpu") == "cpu" else "GPU time"
+    head = {("ops" if kind == "trace" else "ranges"): f"{a.ranges:,}", "kernels": f"{a.kernels:,}",
+            time_label.replace(" ", "_").lower(): R.seconds(a.gpu_seconds())}
+    if getattr(a, "devices", None):
+        head["devices"] = ", ".join(sorted(set(a.devices)))
+    title = [R.headline(profile, **head)]
     if shapes:
         label = "naive (every kernel x every enclosing range)" if naive else "de-duplicated (each op once)"
         title.append("  " + "  ".join(f"{p} {R.si(a.report.total(p))}" for p in a.report.phases)
                      + f"  FLOPs, {label}")
+        title.append("  achieved " + "  ".join(f"{p} {R.si(a.flops_per_s(p))}FLOP/s" for p in a.report.phases))
     cols = [R.Col("op"), R.Col("phase"), R.Col("flops", R.FLOPS, "FLOPs"),
             R.Col("naive_flops", R.FLOPS, "naive", drop=3), R.Col("calls", R.INT, drop=1),
-            R.Col("kernels", R.INT, drop=2), R.Col("gpu_s", R.SECONDS, "GPU time"),
+            R.Col("kernels", R.INT, drop=2), R.Col("gpu_s", R.SECONDS, time_label),
             R.Col("share", R.SHARE, drop=5), R.Col("flops_per_s", R.RATE, "FLOP/s", drop=4)]
     total = dict(op="total", calls=int(a.ops["calls"].sum()), kernels=int(a.ops["kernels"].sum()), gpu_s=gpu,
                  share=1.0 if gpu else None)
