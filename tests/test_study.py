@@ -62,7 +62,7 @@ class FakeBackend:
         return 0.25 * len(dataset), len(dataset)
 
     def peak(self, mix, refresh=False):
-        self.mixes = getattr(self, "mixes", []) + [dict(mix)]
+        self.mixes = getattr(self, "mixes", []) + [dict(mix)]  # what the study asked a peak for
         return PEAK, "fake"
 
 
@@ -80,7 +80,8 @@ def rows(res):
 
 
 def test_grid_rows_and_hand_computed_utilization(tmp_path):
-    res = run(tmp_path, FakeBackend())
+    backend = FakeBackend()
+    res = run(tmp_path, backend)
     r = rows(res)
     # per model: dispatch + fvcore at 2 batch sizes, one at batch 1, theory/batch/epoch at 2 batch sizes
     assert len(r) == 2 * (2 * 2 + 1 + 2 * 3)
@@ -93,6 +94,8 @@ def test_grid_rows_and_hand_computed_utilization(tmp_path):
     assert th.flops == 3 * 440 and th.seconds == 2.0
     assert th.seconds_spread == pytest.approx(0.01)  # the interquartile range of the step's timings
     assert th.peak_flops == PEAK
+    # the peak is asked for the step's precision mix: its matrix work (conv 100 + 100, linear 20 + 40 per sample)
+    assert {"fp32": 260.0 * 4} in backend.mixes and {"fp32": 260.0} in backend.mixes
     assert th.utilization == pytest.approx(1320 / 2.0 / PEAK)
     b = r[("m2", 4, "batch")]
     assert b.flops == 1120 and b.utilization == pytest.approx(1120 / 2.0 / PEAK)
@@ -292,3 +295,22 @@ def test_nvtx_estimator_rows_record_each_estimators_own_count(tmp_path):
         assert f"{name} {value / 130 - 1:+.1%}" in line
     assert f"{234 / 110 - 1:.1%} apart" in line
     assert "**Forward counting: does not match.**" in text
+
+
+def test_verdicts_follow_the_numbers():
+    from flopcount.study import findings
+
+    # forward GFLOPs: m3's estimators are 11% apart, outside the 5% tolerance; the old report said "matches" here
+    est = pd.DataFrame({"dispatch": [1.0, 2.0, 0.9], "fvcore": [1.01, 2.02, 1.0]}, index=["m1", "m2", "m3"])
+    text = "\n".join(findings.forward_counting(est))
+    assert "**Forward counting: matches for 2 of 3 models.**" in text
+    assert "m3: 11.1% apart" in text and "fvcore +11.1%" in text
+    assert "**Forward counting: matches.**" in "\n".join(findings.forward_counting(est.loc[["m1", "m2"]]))
+    assert "does not match" in findings.forward_counting(est.loc[["m3"]])[0]
+    # backward:forward: within 10% of the study's 2:1 or not, model by model
+    res = study.StudyResult(out="", results=pd.DataFrame(), ratios=pd.DataFrame(), meta={})
+    rat = pd.DataFrame({"Conv2d": [1.85, 1.95], "Linear": [2.0, 1.7]}, index=["m1", "m2"])
+    text = "\n".join(findings.ratios(res, rat))
+    assert "matches for 1 of 2 ratios the study stated" in text
+    assert "*Within 10%:* Conv2d 1.85 to 1.95 (study 2)." in text
+    assert "*Not within 10%:* Linear 1.7 to 2 (study 2)." in text

@@ -16,6 +16,8 @@ from .store import RESULTS, StudyResult
 FORWARD_TOLERANCE = 0.05
 # A backward:forward ratio matches the study's when it is within this fraction of it on every model with the layer.
 RATIO_TOLERANCE = 0.10
+# Timings whose interquartile range exceeds this fraction of their median were taken on a busy machine.
+NOISY = 0.10
 # The roofline accounts for a measured utilization gap when the two are within this fraction of each other.
 GAP_TOLERANCE = 0.20
 
@@ -164,6 +166,20 @@ def _share_of_work(res: StudyResult, layer_types: List[str]) -> Optional[float]:
     return float(part.astype(float).sum().sum() / total) if total else None
 
 
+def timing_noise(res: StudyResult):
+    """(largest IQR / median over the timed steps, which step) or None: how far one timed figure can be trusted."""
+    r = res.results
+    if r.empty:
+        return None
+    r = r[(r["kind"] == "time") & (r["status"] == "ok") & r["method"].isin(["one", "batch"])]
+    rel = pd.to_numeric(r["seconds_spread"], errors="coerce") / pd.to_numeric(r["seconds"], errors="coerce")
+    rel = rel.dropna()
+    if rel.empty:
+        return None
+    i = rel.idxmax()
+    return float(rel[i]), f"{r.loc[i, 'model']} b={r.loc[i, 'batch_size']}"
+
+
 def utilization(res: StudyResult, u: pd.DataFrame) -> List[str]:
     P = PUBLISHED
     lo, hi = P["utilization_most"]
@@ -178,6 +194,13 @@ def utilization(res: StudyResult, u: pd.DataFrame) -> List[str]:
                    "pattern between models."
                    + (" A CPU's peak is that of a large matrix product, which convolutions need not reach."
                       if dev == "cpu" else ""))
+    noise = timing_noise(res)
+    if noise is not None:
+        worst, where = noise
+        out.append(f"  The timed steps' interquartile range is up to {worst:.0%} of their median ({where})"
+                   + (f": above {NOISY:.0%}, the step times varied that much from run to run (as they do when other "
+                      "work shares the machine), and single figures are uncertain by as much." if worst > NOISY
+                      else "."))
     return out
 
 
@@ -220,9 +243,12 @@ def outliers(res: StudyResult, u: pd.DataFrame, flat: Optional[pd.Series]) -> Li
             if counted_right:
                 line += " The study's explanation is not needed: the low utilization is real memory-bound work."
         elif gap > bound:
-            line += (f"more than {tol} above it: the roofline accounts for {bound:.1f}x of it; the rest is how well "
-                     "the device's kernels handle many small, thin ops (per-op launch and framework overhead), which "
-                     "the roofline does not see.")
+            noise = timing_noise(res)
+            line += (f"more than {tol} above it: the roofline accounts for {bound:.1f}x of it; the rest is time the "
+                     "roofline does not see: how well the device's kernels handle many small, thin ops, per-op "
+                     "launch and framework overhead"
+                     + (", and run-to-run variation as large as the spread above." if noise and noise[0] > NOISY
+                        else "."))
         else:
             line += (f"more than {tol} below it: this device's balance of compute and bandwidth is not the P100's, "
                      "so its memory-bound ops cost it less.")

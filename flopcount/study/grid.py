@@ -90,7 +90,7 @@ class _Run:
 def run_study(config: StudyConfig, out: str, *, backend=None, resume: bool = True, progress: bool = True,
               figures: bool = True, log: Callable[[str], None] = None) -> StudyResult:
     """Run (or finish) the grid into folder ``out``; write figures and REPORT.md; return what is there."""
-    from .report import render_report, write_figures
+    from .report import PUBLISHED, render_report, write_figures
 
     config = config.validate()
     log = log or (lambda msg: print(msg, file=sys.stderr))
@@ -113,7 +113,8 @@ def run_study(config: StudyConfig, out: str, *, backend=None, resume: bool = Tru
     if meta.get("data") and meta["data"] != data_desc:
         log(f"note: earlier rows used {meta['data']!r}; new rows use {data_desc!r}")
     meta["data"] = data_desc
-    meta.update(config=_jsonable(asdict(config)), estimators=estimators, device=device)
+    meta.update(config=_jsonable(asdict(config)), estimators=estimators, device=device,
+                published=_jsonable(PUBLISHED))
     for stale in ("peak_flops", "peak_source"):  # one peak for the whole run: the rule before peaks per step
         meta.pop(stale, None)
     if meta.get("peak_device") != device:
