@@ -20,7 +20,9 @@ def add(sub) -> None:
     p.add_argument("--epoch-batch-sizes", default=None, help="batch sizes of the epoch pass (default: all)")
     p.add_argument("--data-root", default=None, help="folder holding CIFAR-10 (torchvision layout; never downloaded)")
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if there is one)")
-    p.add_argument("--peak", type=positive_float, default=None, help="peak FLOP/s to divide by (default: the device's)")
+    p.add_argument("--peak", type=positive_float, default=None,
+                   help="peak FLOP/s to divide by (default: each step's precision mix on the device's peaks)")
+    p.add_argument("--device-spec", default=None, help="hold against this device's peaks (see `flopcount peaks`)")
     p.add_argument("--steps", type=positive_int, default=None, help="timed steps per measurement")
     p.add_argument("--warmup", type=natural_int, default=None, help="untimed warm-up steps")
     p.add_argument("--workers", type=natural_int, default=None, help="DataLoader workers for the epoch pass")
