@@ -53,6 +53,7 @@ class Capabilities:
     loss_fn: bool = False
     real_weights: bool = True
     assumed: Tuple[str, ...] = ()
+    inputs: str = "any"  # "tokens": applies to a language model's token ids only (the closed forms)
 
     def __post_init__(self):
         unknown = [p for p in self.phases + self.assumed if p not in PHASES]
@@ -60,6 +61,8 @@ class Capabilities:
             raise ValueError(f"bad capabilities: phases {self.phases}, assumed {self.assumed}")
         if not self.devices or any(d not in DEVICES for d in self.devices):
             raise ValueError(f"bad capabilities: devices {self.devices}; known: {', '.join(DEVICES)}")
+        if self.inputs not in ("any", "tokens"):
+            raise ValueError(f"bad capabilities: inputs {self.inputs!r}; use any or tokens")
 
     @property
     def optimizer(self) -> bool:
@@ -179,6 +182,18 @@ def check(estimator, request: Request) -> None:
         raise EstimatorError(f"{name} cannot count an optimizer step; it covers {', '.join(caps.phases)}")
     if request.loss_fn is not None and not caps.loss_fn:
         raise EstimatorError(f"{name} cannot honour loss_fn: {_why_no_loss(caps)}")
+    reason = not_applicable(estimator, request)
+    if reason:
+        raise EstimatorError(f"{name} {reason}")
+
+
+def not_applicable(estimator, request: Request) -> str:
+    """Why ``estimator`` does not apply to this request's kind of input ("" where it does)."""
+    from ..step import tokens_of
+
+    if estimator.capabilities.inputs == "tokens" and not tokens_of(request.inputs):
+        return "applies to language models only: it needs token ids (a batch x sequence integer tensor)"
+    return ""
 
 
 def _why_no_loss(caps: Capabilities) -> str:
@@ -228,6 +243,8 @@ _BUILTIN: Dict[str, str] = {
     "ptflops-aten": "flopcount.estimators.ptflops:PtflopsAtenEstimator",
     "pthflops": "flopcount.estimators.pthflops:PthflopsEstimator",
     "profiler": "flopcount.estimators.profiler:ProfilerEstimator",
+    "kaplan": "flopcount.estimators.closed_form:KaplanEstimator",
+    "palm": "flopcount.estimators.closed_form:PalmEstimator",
 }
 _REGISTERED: Dict[str, Callable[[], Estimator]] = {}
 
