@@ -8,8 +8,12 @@ from .main import EXIT_CHECK_FAILED, EXIT_OK, add_format, add_model, print_frame
 
 def add(sub) -> None:
     p = sub.add_parser("count", help="FLOPs of a training step, per op, module or phase")
-    add_model(p)
+    add_model(p, tokens=True)
     p.add_argument("--estimator", default="dispatch", help="estimator name (see `flopcount compare --help`)")
+    p.add_argument("--device", choices=("meta", "cpu"), default="meta",
+                   help="run the step on meta tensors (no compute) or for real on the CPU")
+    p.add_argument("--as", dest="as_device", choices=("cpu", "cuda"), default="cpu",
+                   help="on meta, take the kernels a run on this device would (attention, LSTM)")
     p.add_argument("--by", choices=("op", "module", "phase", "family"), default="op", help="table grouping")
     p.add_argument("--no-backward", action="store_true", help="forward only")
     p.add_argument("--check-scaling", action="store_true",
@@ -24,9 +28,11 @@ def run(args) -> int:
     from ..scaling import check_scaling
 
     model, inputs, name = build(args.model, batch=args.batch, input_shape=args.input_shape,
-                                num_classes=args.num_classes)
+                                num_classes=args.num_classes, seq_len=args.seq_len, device=args.device)
+    options = {"as_device": args.as_device} if args.estimator == "dispatch" else {}
     with model_errors(name, inputs):
-        report = count(model, inputs, estimator=args.estimator, backward=not args.no_backward)
+        report = count(model, inputs, estimator=args.estimator, backward=not args.no_backward, device=args.device,
+                       **options)
         mismatches = None
         if args.check_scaling:
             mismatches = check_scaling(model, name, batch=args.batch, input_shape=args.input_shape,
