@@ -116,10 +116,14 @@ def _relative(est: float, ref: float) -> float:
 
 
 def _reason(name: str, kind: str, phase: str, est: float, ref: float, uncounted: str, ref_uncounted: str,
-            report: FlopReport) -> str:
-    """Why estimator ``name`` differs from dispatch on this row, in words."""
+            report: FlopReport, moved: str = "") -> str:
+    """Why estimator ``name`` differs from dispatch on this row, in words. ``moved``: where the same ops are
+    counted on another row (an op's row can follow the module that ran it, and estimators see modules
+    differently)."""
     if est is None or (isinstance(est, float) and math.isnan(est)):
         return f"{name}: does not see the {phase} phase"
+    if moved:
+        return f"{name}: {moved}"
     ratio = est / ref if ref else float("inf")
     r = f"{ratio:.3g}x dispatch" if ref else "dispatch counts 0"
     if phase == "backward" and any("2 x forward" in n for n in report.notes):
@@ -191,6 +195,7 @@ def compare(model, inputs, estimators: Union[str, Sequence[str]] = (REFERENCE, "
 
     kinds = {n: _kinds(r, module_types) for n, r in reports.items()}
     flops = {n: f.groupby(["kind", "phase"])["flops"].sum() for n, f in kinds.items()}
+    placed = {n: _placement(f) for n, f in kinds.items()}
     unc = {}
     for n, f in kinds.items():
         u = f[f["status"] == UNCOUNTED].groupby(["kind", "phase", "op"])["calls"].sum()
@@ -208,7 +213,7 @@ def compare(model, inputs, estimators: Union[str, Sequence[str]] = (REFERENCE, "
 
     rows = []
     for kind, phase in keys:
-        rows.append(_row(kind, phase, reports, flops, unc, lambda n: flops[n].get((kind, phase), 0)))
+        rows.append(_row(kind, phase, reports, flops, unc, lambda n: flops[n].get((kind, phase), 0), placed))
     for phase in phases:
         rows.append(_row(TOTAL, phase, reports, flops, unc,
                          lambda n, phase=phase: flops[n].xs(phase, level="phase").sum() if phase in
@@ -257,7 +262,43 @@ def _native(report: FlopReport) -> dict:
     return {p: int(report.frame.loc[report.frame["phase"] == p, col].sum()) for p in report.phases}
 
 
-def _row(kind, phase, reports, flops, unc, value) -> dict:
+def _placement(frame: pd.DataFrame) -> Dict[tuple, Dict[str, set]]:
+    """(kind, phase) -> {op: kinds} for the ops an estimator counted (FLOPs > 0), with every row each op is on."""
+    f = frame[frame["flops"] > 0]
+    rows_of: Dict[tuple, set] = {}
+    for op, phase, kind in zip(f["op"], f["phase"], f["kind"]):
+        rows_of.setdefault((op, phase), set()).add(kind)
+    out: Dict[tuple, Dict[str, set]] = {}
+    for (op, phase), ks in rows_of.items():
+        for kind in ks:
+            out.setdefault((kind, phase), {})[op] = ks
+    return out
+
+
+def _moved(n: str, kind: str, phase: str, est: float, ref: float, placed) -> str:
+    """Words for a row where one side counts 0 because the other files the same ops on another row."""
+    def elsewhere(counted_by: str, looked_up_in: str) -> str:
+        ops = placed[counted_by].get((kind, phase), {})
+        found = {}
+        for op in ops:
+            for (k, p), their in placed[looked_up_in].items():
+                if p == phase and k != kind and op in their:
+                    found.setdefault(k, set()).add(op)
+        return "; ".join(f"{', '.join(sorted(o))} under {k!r}" for k, o in sorted(found.items()))
+
+    if ref == 0 and est > 0:
+        where = elsewhere(n, REFERENCE)
+        if where:
+            return (f"counts {est:,.0f} here; dispatch counts the same ops ({where}), the row of the module that "
+                    "ran them")
+    if est == 0 and ref > 0:
+        where = elsewhere(REFERENCE, n)
+        if where:
+            return f"counts these ops elsewhere ({where}): it does not see the modules that ran them"
+    return ""
+
+
+def _row(kind, phase, reports, flops, unc, value, placed=None) -> dict:
     row = {"op": kind, "phase": phase}
     ref = float(value(REFERENCE))
     reasons, gaps = [], []
@@ -277,8 +318,9 @@ def _row(kind, phase, reports, flops, unc, value) -> dict:
         rel = _relative(row[n], ref)
         row[f"rel:{n}"] = rel
         if kind != TOTAL and (math.isnan(rel) or abs(rel) > TOLERANCE):
+            moved = _moved(n, kind, phase, row[n], ref, placed) if placed and not math.isnan(row[n]) else ""
             reasons.append(_reason(n, kind, phase, row[n], ref, ", ".join(unc[n].get((kind, phase), [])),
-                                   ", ".join(unc[REFERENCE].get((kind, phase), [])), rep))
+                                   ", ".join(unc[REFERENCE].get((kind, phase), [])), rep, moved))
         elif kind == TOTAL and (math.isnan(rel) or abs(rel) > TOLERANCE):
             reasons.append(f"{n}: does not see the {phase} phase" if math.isnan(rel) else f"{n}: see the rows above")
     row["uncounted"] = "; ".join(gaps)

@@ -14,6 +14,7 @@ import os
 import re
 import sys
 import weakref
+from contextlib import contextmanager
 from typing import Callable, Optional, Tuple
 
 import torch
@@ -67,8 +68,7 @@ def load_model(spec: str, *, num_classes: Optional[int] = None, device: str = "c
                 model = models_hf.load(source, device=device)
                 name = source.rstrip("/").rpartition("/")[2] or source
             else:
-                with torch.device(device):
-                    model, name = _build_other(spec, num_classes)
+                model, name = _build_on(device, spec, num_classes)
     except FlopcountError:
         raise
     except Exception as exc:  # the user's factory raised: one line, with its own message
@@ -80,6 +80,42 @@ def load_model(spec: str, *, num_classes: Optional[int] = None, device: str = "c
     if device == "meta":
         _REBUILD[model] = lambda: load_model(spec, num_classes=num_classes, device="cpu")[0]
     return model.train(), name
+
+
+def _build_on(device: str, spec: str, num_classes: Optional[int]):
+    try:
+        with torch.device(device):
+            return _build_other(spec, num_classes)
+    except Exception as exc:
+        # a constructor that reads values it computes (regnet's block widths) cannot run on meta: build it on the
+        # CPU, every parameter and buffer moved to meta as it is registered (one tensor allocated at a time)
+        if device != "meta" or "meta" not in str(exc).lower():
+            raise
+    with torch.random.fork_rng(devices=[]), _registered_on_meta():
+        torch.manual_seed(SEED)
+        return _build_other(spec, num_classes)
+
+
+@contextmanager
+def _registered_on_meta():
+    module = torch.nn.Module
+    register_parameter, register_buffer = module.register_parameter, module.register_buffer
+
+    def parameter(self, name, param):
+        if param is not None and param.device.type != "meta":
+            param = torch.nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
+        return register_parameter(self, name, param)
+
+    def buffer(self, name, tensor, persistent=True):
+        if tensor is not None and tensor.device.type != "meta":
+            tensor = tensor.to("meta")
+        return register_buffer(self, name, tensor, persistent)
+
+    module.register_parameter, module.register_buffer = parameter, buffer
+    try:
+        yield
+    finally:
+        module.register_parameter, module.register_buffer = register_parameter, register_buffer
 
 
 def _build_other(spec: str, num_classes: Optional[int]):
@@ -245,7 +281,8 @@ def token_ids(model: torch.nn.Module, batch: int, seq_len: int) -> torch.Tensor:
     except _Found as hit:
         found = hit.args[0]
     except Exception as exc:
-        raise InputShapeError(f"--seq-len: running {type(model).__name__} on token ids failed: {one_line(exc)}") from None
+        raise InputShapeError(f"--seq-len needs a model whose first op is an embedding; running "
+                              f"{type(model).__name__} on token ids failed: {one_line(exc)}") from None
     if not isinstance(found, int):
         raise InputShapeError(f"--seq-len needs a model whose first op is an embedding; {type(model).__name__}'s "
                               f"first op on its input is {found or 'none'}")

@@ -14,7 +14,7 @@ Default input per family (per sample):
   RetinaNet and FCOS, 320 and 300 for the SSDs), with generated training targets per image: boxes, labels, and
   masks (Mask R-CNN) or keypoints (Keypoint R-CNN) where the model needs them;
 * video: 3 x 16 frames x S x S, S the crop size of its weights (112 or 224);
-* optical flow: two frames of 3 x 368 x 496 (RAFT's training crop).
+* optical flow: two frames of 3 x 512 x 512 (the size of the operation counts torchvision publishes for RAFT).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import torch
 FAMILIES = ("classification", "segmentation", "detection", "video", "optical_flow", "quantization")
 SEGMENTATION_SIZE = 520
 VIDEO_FRAMES = 16
-FLOW_SHAPE = (3, 368, 496)
+FLOW_SHAPE = (3, 512, 512)
 BOXES_PER_IMAGE = 4
 
 

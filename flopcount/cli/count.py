@@ -36,7 +36,8 @@ def run(args) -> int:
         mismatches = None
         if args.check_scaling:
             mismatches = check_scaling(model, name, batch=args.batch, input_shape=args.input_shape,
-                                       estimator=args.estimator, backward=not args.no_backward)
+                                       estimator=args.estimator, backward=not args.no_backward, seq_len=args.seq_len,
+                                       device=args.device, **options)
     report.model = name
     if report.uncounted:
         warn("ops without a formula (their FLOPs are NOT in the totals): "
