@@ -45,18 +45,19 @@ TOLERANCE = 0.01
 
 class Macs(TorchDispatchMode):
     """Multiply-adds of convolutions, matrix products and fused attention, from the ops' shapes; those made while
-    ``inside`` is set (a detector's RoI heads) are also kept apart."""
+    a named part runs (a detector's box, mask or keypoint head) are also kept per part."""
 
     def __init__(self):
         super().__init__()
         self.macs = 0
-        self.inside = False
-        self.heads = 0
+        self.part = None
+        self.parts = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         name = func.overloadpacket.__name__
+        before = self.macs
         if name == "convolution":
             x, w = args[0], args[1]
             positions = x if args[6] else out  # transposed: every input position is scattered
@@ -70,32 +71,40 @@ class Macs(TorchDispatchMode):
         elif name.startswith("_scaled_dot_product") and "backward" not in name:
             q, k, v = args[:3]
             self.macs += math.prod(q.shape[:-1]) * k.shape[-2] * (q.shape[-1] + v.shape[-1])
-        else:
-            return out
-        if self.inside:
-            self.heads = self.macs - self._entered
+        if self.part is not None:
+            self.parts[self.part] = self.parts.get(self.part, 0) + self.macs - before
         return out
 
-    def enter(self):
-        self.inside, self._entered = True, self.macs - self.heads
 
-    def leave(self):
-        self.inside = False
+HEADS = {"box": ("box_head", "box_predictor"), "mask": ("mask_head", "mask_predictor"),
+         "keypoint": ("keypoint_head", "keypoint_predictor")}
 
 
 def _watch_heads(model, probe, rois):
-    """Hooks that tell the probe when a detector's RoI heads run, and count the boxes each RoI pool is given."""
+    """Hooks that tell the probe which RoI head runs, and count the boxes each head's RoI pool is given."""
     heads = getattr(model, "roi_heads", None)
     if heads is None:
         return []
-    handles = [heads.register_forward_pre_hook(lambda m, a: probe.enter()),
-               heads.register_forward_hook(lambda m, a, o: probe.leave())]
-    for pool in ("box_roi_pool", "mask_roi_pool", "keypoint_roi_pool"):
-        mod = getattr(heads, pool, None)
-        if mod is not None:
-            def count(m, args, pool=pool):
-                rois[pool] = rois.get(pool, 0) + sum(len(b) for b in args[1])
-            handles.append(mod.register_forward_pre_hook(count))
+    handles = []
+
+    def enter(part):
+        def hook(m, a):
+            probe.part = part
+        return hook
+
+    def leave(m, a, o):
+        probe.part = None
+
+    for part, names in HEADS.items():
+        for n in names:
+            mod = getattr(heads, n, None)
+            if mod is not None:
+                handles += [mod.register_forward_pre_hook(enter(part)), mod.register_forward_hook(leave)]
+        pool = getattr(heads, f"{part}_roi_pool", None)
+        if pool is not None:
+            def count(m, args, part=part):
+                rois[part] = rois.get(part, 0) + sum(len(b) for b in args[1])
+            handles.append(pool.register_forward_pre_hook(count))
     return handles
 
 
@@ -140,6 +149,27 @@ def aux_gmacs(name, inputs):
     with torch.no_grad(), Macs() as probe:
         model(inputs)
     return probe.macs / inputs.shape[0] / 1e9
+
+
+def heads_reason(probe, rois, ops) -> str:
+    """Where a two-stage detector's eval figure differs: the RoI heads, whose work follows the boxes kept."""
+    heads = sum(probe.parts.values())
+    rest = (probe.macs - heads) / 1e9
+    kept = ", ".join(f"{part} head {n}" for part, n in rois.items())
+    implied = ops - rest
+    if abs(implied) < 0.0005:
+        theirs = "the backbone and RPN alone: no box reached its RoI heads"
+    else:
+        theirs = f"the backbone and RPN and {implied:.3f} GMACs of RoI heads"
+        if rois.get("box") and probe.parts.get("box"):
+            per_box = probe.parts["box"] / rois["box"] / 1e9
+            boxes = round(implied / per_box)
+            if abs(implied - boxes * per_box) <= 0.0006:  # the enum's figure has 3 decimals
+                theirs += (f", which is the box head ({per_box * 1e3:.2f} MMACs a box) on {boxes} boxes "
+                           "and no other head")
+    return (f"eval forward here: backbone and RPN {rest:.3f} GMACs, RoI heads {heads / 1e9:.3f} on the boxes that NMS "
+            f"and the score thresholds kept ({kept}; an untrained model on a random image); the enum's {ops} is "
+            f"{theirs}. The heads' work follows the boxes kept, which follow the weights and the image")
 
 
 def pick_weights(name, side):
@@ -214,16 +244,7 @@ def row_for(name: str) -> dict:
                         row["reason"] = (f"the enum's figure includes the auxiliary classifier its weights come with "
                                          f"(aux_loss=True); built with it here: {aux:.3f} GMACs")
                     elif rois:
-                        rest = (probe.macs - probe.heads) / 1e9
-                        boxes = ", ".join(f"{k.replace('_roi_pool', '')} head {v}" for k, v in rois.items())
-                        implied = ops - rest
-                        theirs = ("the backbone and RPN alone: no box reached its RoI heads" if abs(implied) < 0.0005
-                                  else f"{implied:.3f} GMACs of RoI heads on other boxes")
-                        row["reason"] = (
-                            f"eval forward here: backbone and RPN {rest:.3f} GMACs, RoI heads {probe.heads / 1e9:.3f} "
-                            f"on the boxes that NMS and the score thresholds kept ({boxes}; an untrained model on a "
-                            f"random image); the enum's {ops} is {theirs}. The heads' count follows the boxes kept, "
-                            "which follow the weights and the image")
+                        row["reason"] = heads_reason(probe, rois, ops)
                     elif name in KNOWN or fam in KNOWN:
                         row["reason"] = KNOWN.get(name) or KNOWN[fam]
                     elif not same_size:

@@ -65,6 +65,10 @@ def load(source: str, device: str = "cpu") -> torch.nn.Module:
                     model = cls._from_config(config)
         except Exception as exc:
             raise ModelSpecError(f"building {arch or 'the model'} from {source!r} failed: {one_line(exc)}") from None
+        try:  # transformers remarks once, at the first forward, on a config without a loss type: say it here
+            getattr(model, "loss_function", None)
+        except Exception:
+            pass
     return model
 
 

@@ -10,7 +10,7 @@ from torch import nn
 
 import flopcount
 from flopcount.estimators import fallback
-from helpers import Fn, op_flops
+from helpers import op_flops
 
 KEY = ["module", "op", "phase"]
 

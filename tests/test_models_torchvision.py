@@ -80,7 +80,8 @@ def test_detectors_get_training_targets(name, extra, no_downloads):
 def test_a_dict_of_losses_is_summed():
     from flopcount.step import default_loss
 
-    losses = {"loss_classifier": torch.tensor(1.5), "loss_box_reg": torch.tensor(0.25), "loss_objectness": torch.tensor(2.0)}
+    losses = {"loss_classifier": torch.tensor(1.5), "loss_box_reg": torch.tensor(0.25),
+              "loss_objectness": torch.tensor(2.0)}
     assert float(default_loss(losses)) == 3.75
 
 

@@ -32,7 +32,7 @@ from .. import formulas
 from ..step import batch_size_of, default_loss, meta_like, module_stack, preserved, random_on, rebuild_optimizer
 from ..report import COUNTED, UNCOUNTED, ZERO, FlopReport
 from . import fallback
-from .kernels import kernels_as, simulated
+from .kernels import kernels_as
 
 _get_sequence_nr = torch._C._autograd._get_sequence_nr
 _current_node = torch._C._current_autograd_node
@@ -74,6 +74,16 @@ def _compute_dtype_ref(args, out) -> Optional[torch.Tensor]:
             if first is None:
                 first = t
     return first if first is not None else _first_tensor(out)
+
+
+_DTYPE_NAMES: Dict[torch.dtype, str] = {}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
+    return name
 
 
 def _tensor_bytes(x) -> int:
@@ -161,11 +171,16 @@ class _Counter(TorchDispatchMode):
             module = ""
 
         ref = _compute_dtype_ref(args, out)
-        dtype = str(ref.dtype).replace("torch.", "") if ref is not None else ""
+        dtype = _dtype_name(ref.dtype) if ref is not None else ""
+        out_bytes = None
 
         if info.zero is not None:
             flops, status = 0, ZERO
-            nbytes = 0 if info.zero == formulas.VIEW else _tensor_bytes(args) + _tensor_bytes(kwargs) + _tensor_bytes(out)
+            if info.zero == formulas.VIEW:
+                nbytes = 0
+            else:
+                out_bytes = _tensor_bytes(out)
+                nbytes = _tensor_bytes(args) + _tensor_bytes(kwargs) + out_bytes
         elif info.formula is not None:
             status = COUNTED
             try:
@@ -188,15 +203,17 @@ class _Counter(TorchDispatchMode):
                 nbytes = int(res[1]) * (ref.element_size() if ref is not None else 1)
             else:
                 flops = int(res)
-                nbytes = _tensor_bytes(args) + _tensor_bytes(kwargs) + _tensor_bytes(out)
+                out_bytes = _tensor_bytes(out)
+                nbytes = _tensor_bytes(args) + _tensor_bytes(kwargs) + out_bytes
         else:
             flops, status = 0, UNCOUNTED
-            nbytes = _tensor_bytes(args) + _tensor_bytes(kwargs) + _tensor_bytes(out)
+            out_bytes = _tensor_bytes(out)
+            nbytes = _tensor_bytes(args) + _tensor_bytes(kwargs) + out_bytes
 
         if flops and ref is not None and not (ref.dtype.is_floating_point or ref.dtype.is_complex):
             flops = 0  # integer and boolean arithmetic is not floating-point work
         if phase == "forward" and info.zero != formulas.VIEW:
-            self.written += _tensor_bytes(out)
+            self.written += out_bytes if out_bytes is not None else _tensor_bytes(out)
         acc = self.rows[(module, info.name, phase, dtype, info.family, status)]
         acc[0] += flops
         acc[1] += nbytes
