@@ -75,3 +75,10 @@ def test_grid_sampler_3d_trilinear():
     fn = lambda x, w: F.grid_sample(x * w, torch.zeros(1, 2, 3, 4, 3, device=x.device), align_corners=True)  # noqa
     r = count(fn, torch.randn(1, 2, 3, 4, 5), (1,))
     assert op_flops(r, "aten.grid_sampler_3d", "forward") == 1536
+
+
+def test_grid_sampler_3d_backward():
+    # grad_input only: 24 points x (9 + 25) recomputed + 48 outputs x 2 x 8 taps = 816 + 768 = 1584
+    fn = lambda x, w: F.grid_sample(x * w, torch.zeros(1, 2, 3, 4, 3, device=x.device), align_corners=True)  # noqa
+    r = count(fn, torch.randn(1, 2, 3, 4, 5), (1,))
+    assert op_flops(r, "aten.grid_sampler_3d_backward", "backward") == 1584

@@ -134,3 +134,12 @@ def test_seq_len_for_a_model_whose_first_op_is_an_embedding(tmp_path):
 def test_seq_len_on_a_model_without_an_embedding_says_so():
     with pytest.raises(FlopcountError, match="first op is an embedding"):
         build("resnet18", seq_len=10)
+
+
+def test_as_cuda_from_the_cli_takes_the_cuda_attention_kernel(capsys):
+    # float32, head dim 16 (a multiple of 4), causal, no mask: the memory-efficient kernel on an A100-class GPU
+    assert main(["count", spec("gpt2-tiny"), "--seq-len", "16", "--as", "cuda", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    ops = {row["op"] for row in doc["ops"]}
+    assert "aten._scaled_dot_product_efficient_attention" in ops and doc["as"] == "cuda"
+    assert not any("for_cpu" in op for op in ops)
