@@ -117,10 +117,14 @@ def _relative(est: float, ref: float) -> float:
 
 
 def _reason(name: str, kind: str, phase: str, est: float, ref: float, uncounted: str, ref_uncounted: str,
-            report: FlopReport, assumed: tuple) -> str:
-    """Why estimator ``name`` differs from dispatch on this row, in words."""
+            report: FlopReport, assumed: tuple = (), moved: str = "") -> str:
+    """Why estimator ``name`` differs from dispatch on this row, in words. ``assumed``: the phases the estimator
+    derives by a rule; ``moved``: where the same ops are counted on another row (an op's row can follow the module
+    that ran it, and estimators see modules differently)."""
     if est is None or (isinstance(est, float) and math.isnan(est)):
         return f"{name}: does not see the {phase} phase"
+    if moved:
+        return f"{name}: {moved}"
     ratio = est / ref if ref else float("inf")
     r = f"{ratio:.3g}x dispatch" if ref else "dispatch counts 0"
     if phase in assumed:
@@ -158,9 +162,9 @@ def _closed_form_reason(kind: str, est: float, ref: float) -> str:
     if est == 0 and kind == "attention":
         return "6N has no attention term: the matmuls of the scores (QK^T and PV) grow with T and are left out"
     if kind == "attention":
-        return ("attention's QK^T and PV taken over the full T x T square of scores (4 L H Q T per token forward); "
-                "dispatch counts the scores the attention kernel computes: the causal triangle, T(T+1)/2, in a causal "
-                "model, plus the softmax" + ("" if est > ref else "; here the model computes more than the square"))
+        return ("attention's QK^T and PV over the full T x T square (4 L H Q T per token forward), as dispatch counts "
+                "them too (the square, causal or not); dispatch adds the softmax (5 per score) and 1 per score for a "
+                "mask, and counts the scores of the sequence the model really ran")
     if kind == "linear":
         return ("every non-embedding parameter taken as one multiply-add per token (2N); dispatch counts the "
                 "matmuls run: biases as adds, no multiply-add for norm weights, an untied LM head and its bias as "
@@ -226,6 +230,7 @@ def compare(model, inputs, estimators: Union[str, Sequence[str]] = (REFERENCE, "
 
     kinds = {n: _kinds(r, module_types) for n, r in reports.items()}
     flops = {n: f.groupby(["kind", "phase"])["flops"].sum() for n, f in kinds.items()}
+    placed = {n: _placement(f) for n, f in kinds.items()}
     unc = {}
     for n, f in kinds.items():
         u = f[f["status"] == UNCOUNTED].groupby(["kind", "phase", "op"])["calls"].sum()
@@ -243,7 +248,8 @@ def compare(model, inputs, estimators: Union[str, Sequence[str]] = (REFERENCE, "
 
     rows = []
     for kind, phase in keys:
-        rows.append(_row(kind, phase, reports, assumed, flops, unc, lambda n: flops[n].get((kind, phase), 0)))
+        rows.append(_row(kind, phase, reports, assumed, flops, unc, lambda n: flops[n].get((kind, phase), 0),
+                         placed))
     for phase in phases:
         rows.append(_row(TOTAL, phase, reports, assumed, flops, unc,
                          lambda n, phase=phase: flops[n].xs(phase, level="phase").sum() if phase in
@@ -293,7 +299,43 @@ def _native(report: FlopReport) -> dict:
     return {p: int(report.frame.loc[report.frame["phase"] == p, col].sum()) for p in report.phases}
 
 
-def _row(kind, phase, reports, assumed, flops, unc, value) -> dict:
+def _placement(frame: pd.DataFrame) -> Dict[tuple, Dict[str, set]]:
+    """(kind, phase) -> {op: kinds} for the ops an estimator counted (FLOPs > 0), with every row each op is on."""
+    f = frame[frame["flops"] > 0]
+    rows_of: Dict[tuple, set] = {}
+    for op, phase, kind in zip(f["op"], f["phase"], f["kind"]):
+        rows_of.setdefault((op, phase), set()).add(kind)
+    out: Dict[tuple, Dict[str, set]] = {}
+    for (op, phase), ks in rows_of.items():
+        for kind in ks:
+            out.setdefault((kind, phase), {})[op] = ks
+    return out
+
+
+def _moved(n: str, kind: str, phase: str, est: float, ref: float, placed) -> str:
+    """Words for a row where one side counts 0 because the other files the same ops on another row."""
+    def elsewhere(counted_by: str, looked_up_in: str) -> str:
+        ops = placed[counted_by].get((kind, phase), {})
+        found = {}
+        for op in ops:
+            for (k, p), their in placed[looked_up_in].items():
+                if p == phase and k != kind and op in their:
+                    found.setdefault(k, set()).add(op)
+        return "; ".join(f"{', '.join(sorted(o))} under {k!r}" for k, o in sorted(found.items()))
+
+    if ref == 0 and est > 0:
+        where = elsewhere(n, REFERENCE)
+        if where:
+            return (f"counts {est:,.0f} here; dispatch counts the same ops ({where}), the row of the module that "
+                    "ran them")
+    if est == 0 and ref > 0:
+        where = elsewhere(REFERENCE, n)
+        if where:
+            return f"counts these ops elsewhere ({where}): it does not see the modules that ran them"
+    return ""
+
+
+def _row(kind, phase, reports, assumed, flops, unc, value, placed=None) -> dict:
     row = {"op": kind, "phase": phase}
     ref = float(value(REFERENCE))
     reasons, gaps = [], []
@@ -313,8 +355,9 @@ def _row(kind, phase, reports, assumed, flops, unc, value) -> dict:
         rel = _relative(row[n], ref)
         row[f"rel:{n}"] = rel
         if kind != TOTAL and (math.isnan(rel) or abs(rel) > TOLERANCE):
+            moved = _moved(n, kind, phase, row[n], ref, placed) if placed and not math.isnan(row[n]) else ""
             reasons.append(_reason(n, kind, phase, row[n], ref, ", ".join(unc[n].get((kind, phase), [])),
-                                   ", ".join(unc[REFERENCE].get((kind, phase), [])), rep, assumed[n]))
+                                   ", ".join(unc[REFERENCE].get((kind, phase), [])), rep, assumed[n], moved))
         elif kind == TOTAL and (math.isnan(rel) or abs(rel) > TOLERANCE):
             reasons.append(f"{n}: does not see the {phase} phase" if math.isnan(rel) else f"{n}: see the rows above")
     row["uncounted"] = "; ".join(gaps)

@@ -182,6 +182,8 @@ class FlopReport:
         d = self.summary()
         d["ops"] = json.loads(self.frame.to_json(orient="records"))
         d.update({k: v for k, v in self.meta.items() if k not in d and k not in _NOT_SERIALIZED})
+        if d.get("as") == "cpu":  # the default kernels: said only when another device's were taken
+            del d["as"]
         return d
 
     def to_json(self, path: Optional[str] = None, indent: Optional[int] = None) -> str:

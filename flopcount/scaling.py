@@ -28,13 +28,14 @@ def scaling_mismatches(at_one: FlopReport, at_n: FlopReport, n: int) -> pd.DataF
 
 
 def check_scaling(model, name: str = "", *, batch: int, input_shape=None, estimator: str = "dispatch",
-                  backward: bool = True) -> pd.DataFrame:
+                  backward: bool = True, seq_len=None, **options) -> pd.DataFrame:
     """Count ``model`` at batch 1 and at ``batch``; return the rows that do not scale exactly (empty when all do)."""
     from . import count
     from .models import example_inputs
 
     reports = [
-        count(model, example_inputs(model, name, batch=b, input_shape=input_shape), estimator=estimator, backward=backward)
+        count(model, example_inputs(model, name, batch=b, input_shape=input_shape, seq_len=seq_len),
+              estimator=estimator, backward=backward, **options)
         for b in (1, batch)
     ]
     return scaling_mismatches(reports[0], reports[1], batch)

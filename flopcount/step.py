@@ -23,7 +23,11 @@ def _tensors(x) -> List[torch.Tensor]:
 
 
 def batch_size_of(inputs, default: Optional[int] = 1) -> Optional[int]:
-    """The leading dimension of the first tensor with one (a dict's values in order), else ``default``."""
+    """The leading dimension of the first tensor with one (a dict's values in order), else ``default``; for a
+    detector's ``(images, targets)`` the number of images."""
+    first = inputs[0] if isinstance(inputs, (tuple, list)) and inputs else None
+    if isinstance(first, (list, tuple)) and first and all(isinstance(t, torch.Tensor) for t in first):
+        return len(first)
     for t in _tensors(inputs):
         if t.dim() > 0:
             return int(t.shape[0])
@@ -55,7 +59,12 @@ def meta_like(x):
 
 def random_like(t: torch.Tensor, device, dtype: Optional[torch.dtype] = None, generator=None) -> torch.Tensor:
     """A tensor of ``t``'s shape with real values: uninitialised memory can hold denormals or NaNs that run slower
-    paths. Integer tensors (token ids, labels) are zeros, valid for any vocabulary."""
+    paths. A tensor that has values already (token ids drawn within a vocabulary, an attention mask) keeps them;
+    a meta integer tensor becomes zeros, valid for any vocabulary."""
+    if t.device.type != "meta":
+        if dtype is not None and t.dtype.is_floating_point:
+            return t.to(device=device, dtype=dtype)
+        return t.to(device)
     if t.dtype.is_floating_point:
         if generator is not None:
             return torch.randn(t.shape, dtype=dtype or t.dtype, generator=generator).to(device)
@@ -193,11 +202,58 @@ def module_stack(model, on_change: Optional[Callable[[], None]] = None) -> Itera
             h.remove()
 
 
+def _shallow(v):
+    if isinstance(v, list):
+        return list(v)
+    if isinstance(v, dict):
+        return dict(v)
+    return v
+
+
+@contextmanager
+def preserved(model: torch.nn.Module) -> Iterator[None]:
+    """Give ``model`` back exactly as it was: every module's attributes (plain tensors, lists and dicts of tensors,
+    flags) are put back, and attributes a forward added are removed. A module that caches tensors on itself
+    (torchvision's AnchorGenerator replaces its list of anchors by copies on the input's device) would otherwise
+    keep meta tensors after a count, and the caller's next real forward would fail. Parameters and buffers are
+    never handed to the model during a count (stand-ins are), and the registries that hold them are restored too."""
+    saved = []
+    for m in model.modules():
+        d = m.__dict__
+        saved.append((m, dict(d), {k: _shallow(v) for k, v in d.items() if isinstance(v, (list, dict))}))
+    try:
+        yield
+    finally:
+        for m, attrs, contents in saved:
+            d = m.__dict__
+            for k in [k for k in d if k not in attrs]:
+                del d[k]
+            for k, v in attrs.items():
+                if d.get(k, _MISSING) is not v:
+                    d[k] = v
+            for k, c in contents.items():
+                v = attrs[k]
+                if isinstance(v, list) and (len(v) != len(c) or any(a is not b for a, b in zip(v, c))):
+                    v[:] = c
+                elif isinstance(v, dict) and (v.keys() != c.keys() or any(v[key] is not c[key] for key in c)):
+                    v.clear()
+                    v.update(c)
+
+
+_MISSING = object()
+
+
 # --- loss and optimizer ---------------------------------------------------------------------------------------------
 def default_loss(output, target=None):
-    """The loss of a step when none is given: cross-entropy for ``(N, C)`` logits (against ``target``, or class 0:
-    the study's loss); else the sum of every floating-point output."""
+    """The loss of a step when none is given: the model's own loss where its output carries one (``output.loss``,
+    as a transformers model given labels returns); cross-entropy for ``(N, C)`` logits (against ``target``, or class
+    0: the study's loss); else the sum of every floating-point output (a dict of losses, as torchvision's detection
+    models return in training, is summed)."""
     import torch.nn.functional as F
+
+    own = getattr(output, "loss", None)
+    if target is None and isinstance(own, torch.Tensor) and own.dtype.is_floating_point:
+        return own
 
     if isinstance(output, torch.Tensor) and output.dim() == 2 and output.dtype.is_floating_point:
         if target is None:

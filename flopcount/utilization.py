@@ -110,7 +110,7 @@ class _Setup:
         loss = steps_.make_loss(self.loss_fn, target)
         if self.autocast is None:
             return count_step(inner, steps_.meta_like(inputs), loss_fn=loss, optimizer=self.optimizer,
-                              device="meta")
+                              device="meta", as_device=self.dev.type)
         with self.amp():
             return count_step(inner, inputs, loss_fn=steps_.make_loss(self.loss_fn, target),
                               optimizer=self.optimizer, device=str(self.dev))

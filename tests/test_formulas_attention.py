@@ -1,7 +1,8 @@
 """Fused attention formulas, forward and backward, through the dispatch counter on meta tensors.
 
 Per score (one element of the Lq x Lk matrix): forward 2E (QK^T) + 5 (softmax) + 2Ev (PV); backward
-6E + 4Ev + 5 per score plus 2Ev per query row (D = rowsum(dO * O)). Causal: only scores with key <= query.
+6E + 4Ev + 5 per score plus 2Ev per query row (D = rowsum(dO * O)). A mask in any form (is_causal, boolean, float)
+adds 1 per score in each direction; the full square is counted.
 """
 import pytest
 import torch
@@ -9,7 +10,6 @@ import torch.nn.functional as F
 from torch import nn
 
 import flopcount
-from flopcount.formulas.attention import causal_scores
 
 A = torch.ops.aten
 
@@ -71,24 +71,39 @@ def test_backward_matmuls_are_two_and_a_half_forward():
     assert (d_bwd - B * H * L * 2 * 8) / d_fwd == 2.5
 
 
-def test_causal_counts_the_lower_triangle():
-    # Lq = Lk = 4: 4 * 5 / 2 = 10 scores of 16; forward 2 * 3 * 10 * 37 = 2220
-    # backward 2 * 3 * (10 * 85 + 4 * 16) = 5484 (the D row sums are not masked)
-    assert causal_scores(4, 4) == 10
+def test_causal_counts_the_square_and_one_per_score_for_the_mask():
+    # the one rule: 16 scores per head, each + 1 for applying the causal mask
+    # forward 2 * 3 * 16 * (37 + 1) = 3648; backward 2 * 3 * (16 * (85 + 1) + 4 * 16) = 8640
     rows = count(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), *bhle())
-    assert rows[("aten._scaled_dot_product_flash_attention_for_cpu", "forward")] == 2220
-    assert rows[("aten._scaled_dot_product_flash_attention_for_cpu_backward", "backward")] == 5484
+    assert rows[("aten._scaled_dot_product_flash_attention_for_cpu", "forward")] == 3648
+    assert rows[("aten._scaled_dot_product_flash_attention_for_cpu_backward", "backward")] == 8640
+
+
+@pytest.mark.parametrize("form", ["is_causal", "bool", "float"])
+def test_causal_attention_counts_the_same_in_every_form(form):
+    tril = torch.ones(L, L, dtype=torch.bool).tril()
+    masks = {"is_causal": None, "bool": tril, "float": torch.zeros(L, L).masked_fill(~tril, float("-inf"))}
+
+    def fn(q, k, v):
+        m = masks[form]
+        if m is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m.to(q.device))
+
+    rows = count(fn, *bhle())
+    assert rows[("aten._scaled_dot_product_flash_attention_for_cpu", "forward")] == 3648
+    assert rows[("aten._scaled_dot_product_flash_attention_for_cpu_backward", "backward")] == 8640
 
 
 def test_causal_rectangular_and_value_dim():
-    # Lq = 3 queries, Lk = 5 keys, top-left causal: query i sees keys 0..i -> 1 + 2 + 3 = 6 scores
-    # E = 8, Ev = 6, B = 1, H = 2: forward 2 * 6 * (16 + 12 + 5) = 396
-    # backward 2 * (6 * (48 + 24 + 5) + 3 * 12) = 2 * (462 + 36) = 996
-    assert causal_scores(3, 5) == 6
+    # Lq = 3 queries, Lk = 5 keys: 15 scores; E = 8, Ev = 6, B = 1, H = 2, with the mask's 1 per score
+    # forward 2 * 15 * (16 + 12 + 5 + 1) = 1020; backward 2 * (15 * (48 + 24 + 5 + 1) + 3 * 12) = 2412
+    # (Ev != E: the CPU flash kernel does not take it, so this is counted on the CUDA kernel's op directly)
     q, k, v = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 6)
-    rows = count(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), q, k, v)
-    assert rows[("aten._scaled_dot_product_flash_attention_for_cpu", "forward")] == 396
-    assert rows[("aten._scaled_dot_product_flash_attention_for_cpu_backward", "backward")] == 996
+    rows = count(lambda q, k, v: A._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, True)[0],
+                 q, k, v)
+    assert rows[("aten._scaled_dot_product_efficient_attention", "forward")] == 1020
+    assert rows[("aten._scaled_dot_product_efficient_attention_backward", "backward")] == 2412
 
 
 def test_explicit_mask_adds_one_per_score():
@@ -124,15 +139,14 @@ def test_kernel_entry_points_take_blhe_layout():
                  q, k, v)
     assert rows == {("aten._efficient_attention_forward", "forward"): FWD,
                     ("aten._efficient_attention_backward", "backward"): BWD}
-    # custom_mask_type 1 = causal (top-left): 10 scores, forward 2220 as in the causal test
-    rows = count(lambda q, k, v: A._efficient_attention_forward(q, k, v, None, None, None, L, L, 0.0, 1, True)[0],
-                 q, k, v)
-    assert rows[("aten._efficient_attention_forward", "forward")] == 2220
+    # custom_mask_type 1 (top-left causal) and 2 (bottom-right): the square plus 1 per score, forward 3648
+    for mask_type in (1, 2):
+        rows = count(lambda q, k, v: A._efficient_attention_forward(q, k, v, None, None, None, L, L, 0.0, mask_type,
+                                                                    True)[0], q, k, v)
+        assert rows[("aten._efficient_attention_forward", "forward")] == 3648
 
 
-def test_bottom_right_causal_and_packed_batches():
-    # bottom-right alignment, Lq = 2, Lk = 5: query 0 sees keys 0..3, query 1 sees 0..4 -> 4 + 5 = 9
-    assert causal_scores(2, 5, bottom_right=True) == 9
+def test_packed_batches_are_refused():
     # a packed (total_tokens, H, E) batch is refused, so it is reported uncounted rather than as zero
     from flopcount.formulas import lookup
 

@@ -9,7 +9,7 @@ from .main import EXIT_OK, add_format, add_model, print_json, warn
 
 def add(sub) -> None:
     p = sub.add_parser("compare", help="FLOPs by several estimators, op x estimator, differences explained")
-    add_model(p)
+    add_model(p, tokens=True)
     p.add_argument("--estimators", default="all", help="all, or a comma-separated list (dispatch is always included)")
     p.add_argument("--plot", default=None, metavar="OUT.png", help="also write a bar chart of the totals")
     add_format(p)
@@ -24,7 +24,7 @@ def run(args) -> int:
     names = resolve_names(args.estimators)
     # the peers run the model for real: real weights, seeded random inputs
     model, inputs, name = build(args.model, batch=args.batch, input_shape=args.input_shape,
-                                num_classes=args.num_classes, device="cpu", random=True)
+                                num_classes=args.num_classes, device="cpu", random=True, seq_len=args.seq_len)
     with model_errors(name, inputs):
         table = compare(model, inputs, estimators=names, model_name=name)
     for est, msg in table.attrs["errors"].items():

@@ -12,8 +12,12 @@ LEGEND = "1 multiply-add = 2 FLOPs; k M G T = 1e3 1e6 1e9 1e12; FLOP/B: FLOPs pe
 
 def add(sub) -> None:
     p = sub.add_parser("count", help="FLOPs of a training step, per op, module or phase")
-    add_model(p)
+    add_model(p, tokens=True)
     p.add_argument("--estimator", default="dispatch", help="estimator name (see `flopcount compare --help`)")
+    p.add_argument("--device", choices=("meta", "cpu"), default="meta",
+                   help="run the step on meta tensors (no compute) or for real on the CPU")
+    p.add_argument("--as", dest="as_device", choices=("cpu", "cuda"), default="cpu",
+                   help="on meta, take the kernels a run on this device would (attention, LSTM)")
     p.add_argument("--by", choices=("op", "module", "phase", "family"), default=None,
                    help="table grouping (default op; module with --depth)")
     p.add_argument("--depth", type=natural_int, default=None,
@@ -39,13 +43,17 @@ def run(args) -> int:
     # an estimator that runs the model needs real weights and inputs; the dispatch counter needs neither
     real = get_estimator(args.estimator).capabilities.real_weights
     model, inputs, name = build(args.model, batch=args.batch, input_shape=args.input_shape,
-                                num_classes=args.num_classes, device="cpu" if real else "meta", random=real)
+                                num_classes=args.num_classes, seq_len=args.seq_len,
+                                device="cpu" if real else args.device, random=real)
+    options = {"as_device": args.as_device} if args.as_device != "cpu" else {}
     with model_errors(name, inputs):
-        report = count(model, inputs, estimator=args.estimator, backward=not args.no_backward)
+        report = count(model, inputs, estimator=args.estimator, backward=not args.no_backward, device=args.device,
+                       **options)
         mismatches = None
         if args.check_scaling:
             mismatches = check_scaling(model, name, batch=args.batch, input_shape=args.input_shape,
-                                       estimator=args.estimator, backward=not args.no_backward)
+                                       estimator=args.estimator, backward=not args.no_backward, seq_len=args.seq_len,
+                                       device=args.device, **options)
     report.model = name
     if report.uncounted:
         warn("ops without a formula (their FLOPs are NOT in the totals): "

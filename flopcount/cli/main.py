@@ -108,12 +108,17 @@ def add_top(p: argparse.ArgumentParser) -> None:
                    help="table: the N largest rows, the rest summed into one 'other' row (csv and json keep all)")
 
 
-def add_model(p: argparse.ArgumentParser, batch_default: Optional[int] = 1, batch: bool = True) -> None:
-    p.add_argument("model", help="torchvision name (resnet50), path/to/file.py:factory or package.module:attr")
+def add_model(p: argparse.ArgumentParser, batch_default: Optional[int] = 1, batch: bool = True,
+              tokens: bool = False) -> None:
+    p.add_argument("model", help="torchvision name (resnet50), hf:ID_OR_DIR (a transformers config), "
+                                 "path/to/file.py:factory or package.module:attr")
     if batch:
         p.add_argument("--batch", type=positive_int, default=batch_default, help="batch size")
     p.add_argument("--input-shape", default=None, help="per-sample input shape, e.g. 3,224,224")
     p.add_argument("--num-classes", type=positive_int, default=None, help="classes of a torchvision classifier")
+    if tokens:
+        p.add_argument("--seq-len", type=positive_int, default=None,
+                       help="token-id inputs of this length (hf: models, or a model whose first op is an embedding)")
 
 
 def build_parser() -> argparse.ArgumentParser:

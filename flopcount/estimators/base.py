@@ -54,6 +54,7 @@ class Capabilities:
     real_weights: bool = True
     assumed: Tuple[str, ...] = ()
     inputs: str = "any"  # "tokens": applies to a language model's token ids only (the closed forms)
+    kernels: Tuple[str, ...] = ("cpu",)  # whose kernel choices it can count as (see Request.as_device)
 
     def __post_init__(self):
         unknown = [p for p in self.phases + self.assumed if p not in PHASES]
@@ -85,6 +86,8 @@ class Request:
     ``params -> optimizer``) whose step is counted as the ``optimizer`` phase; it needs backward too.
     ``device``: where the step runs (``cpu``, ``cuda[:N]``, ``meta``), ``None`` for the estimator's default; a
     device given here is a demand. ``model_name`` labels the report (default: the model's class name).
+    ``as_device``: on meta, whose kernels the ops with a run-time kernel choice take (attention, RNNs): those a
+    run on the CPU (default) or on a CUDA GPU would take.
     """
 
     model: Any
@@ -94,6 +97,7 @@ class Request:
     optimizer: Any = None
     device: Optional[str] = None
     model_name: str = ""
+    as_device: str = "cpu"
 
     def __post_init__(self):
         phases = self.phases
@@ -116,6 +120,8 @@ class Request:
         if self.device is not None:
             object.__setattr__(self, "device", str(self.device))
             device_type(self.device)
+        if self.as_device not in ("cpu", "cuda"):
+            raise EstimatorError(f"as_device must be cpu or cuda, not {self.as_device!r}")
         object.__setattr__(self, "phases", tuple(p for p in PHASES if p in phases))
 
     @property
@@ -139,11 +145,11 @@ class Request:
         return dataclasses.replace(self, **changes)
 
 
-_OPTIONS = ("backward", "loss_fn", "optimizer", "device", "model_name")
+_OPTIONS = ("backward", "loss_fn", "optimizer", "device", "model_name", "as_device")
 
 
 def make_request(model, inputs, *, backward: bool = True, loss_fn: Optional[Callable] = None, optimizer=None,
-                 device: Optional[str] = None, model_name: str = "", **unknown) -> Request:
+                 device: Optional[str] = None, model_name: str = "", as_device: str = "cpu", **unknown) -> Request:
     """The request ``count`` and ``compare`` build from their keyword options; an unknown option is an error.
 
     ``device="meta"`` (``count``'s default) asks for no computation where the estimator can avoid it: the
@@ -155,7 +161,8 @@ def make_request(model, inputs, *, backward: bool = True, loss_fn: Optional[Call
                              f"{', '.join(_OPTIONS)}")
     phases = ("forward",) + (("backward",) if backward else ()) + (("optimizer",) if optimizer is not None else ())
     return Request(model=model, inputs=inputs, phases=phases, loss_fn=loss_fn, optimizer=optimizer,
-                   device=None if device is None or str(device) == "meta" else device, model_name=model_name)
+                   device=None if device is None or str(device) == "meta" else device, model_name=model_name,
+                   as_device=as_device)
 
 
 def device_type(device: str) -> str:
@@ -182,6 +189,9 @@ def check(estimator, request: Request) -> None:
         raise EstimatorError(f"{name} cannot count an optimizer step; it covers {', '.join(caps.phases)}")
     if request.loss_fn is not None and not caps.loss_fn:
         raise EstimatorError(f"{name} cannot honour loss_fn: {_why_no_loss(caps)}")
+    if request.as_device not in caps.kernels:
+        raise EstimatorError(f"{name} cannot count as a {request.as_device} run would; it counts as "
+                             f"{', '.join(caps.kernels)}")
     reason = not_applicable(estimator, request)
     if reason:
         raise EstimatorError(f"{name} {reason}")

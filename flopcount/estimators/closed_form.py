@@ -66,7 +66,7 @@ class _ClosedForm:
     name = ""
     attention = False
     capabilities = Capabilities(phases=("forward", "backward"), assumed=("backward",), devices=("meta", "cpu", "cuda"),
-                                real_weights=False, inputs="tokens")
+                                real_weights=False, inputs="tokens", kernels=("cpu", "cuda"))
 
     def estimate(self, request: Request) -> FlopReport:
         tokens = tokens_of(request.inputs)

@@ -12,21 +12,28 @@ How it works, and why:
   module, at each op and at each module's entry and exit; in backward,
   ``torch._C._current_autograd_node()`` names the node being run. Gradient accumulation into a parameter goes to
   the parameter's module.
+* On meta tensors, ops whose kernel is chosen at run time (attention, the CPU's LSTM) are routed as a real run on
+  the target device would route them (``as_device``, ``kernels.py``); autocast around the count is honoured by
+  running on fake tensors of the autocast's device type, where its casts apply as on that device.
+* A forward that needs tensor values fails on meta; the step is then counted on the CPU with real tensors, said in
+  one line on stderr and in the report's notes (``fallback.py``).
 """
 from __future__ import annotations
 
+import sys
 from collections import defaultdict
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack
 from typing import Any, Callable, Dict, Optional
 
 import torch
-import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import formulas
-from ..step import batch_size_of, default_loss, meta_like, module_stack, rebuild_optimizer
+from ..step import batch_size_of, default_loss, meta_like, module_stack, preserved, random_on, rebuild_optimizer
 from ..report import COUNTED, UNCOUNTED, ZERO, FlopReport
 from .base import Capabilities, Request
+from . import fallback
+from .kernels import kernels_as
 
 _get_sequence_nr = torch._C._autograd._get_sequence_nr
 _current_node = torch._C._current_autograd_node
@@ -34,13 +41,16 @@ _NO_SEQUENCE = 2**64 - 1  # AccumulateGrad nodes carry no sequence number
 
 
 class _OpInfo:
-    __slots__ = ("name", "formula", "zero", "family")
+    __slots__ = ("name", "formula", "zero", "family", "values", "hidden")
 
     def __init__(self, func):
         self.name = str(func.overloadpacket)
         self.formula = formulas.lookup(self.name)
         self.zero = formulas.ZERO_FLOP.get(self.name)
         self.family = formulas.op_family(self.name)
+        self.values = self.name in formulas.VALUES
+        # fake tensors answer ``.device`` through prim ops: bookkeeping of the simulation, not ops of the step
+        self.hidden = self.name.startswith("prim.")
 
 
 def _to_shapes(x):
@@ -67,6 +77,16 @@ def _compute_dtype_ref(args, out) -> Optional[torch.Tensor]:
     return first if first is not None else _first_tensor(out)
 
 
+_DTYPE_NAMES: Dict[torch.dtype, str] = {}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
+    return name
+
+
 def _tensor_bytes(x) -> int:
     if isinstance(x, torch.Tensor):
         return x.numel() * x.element_size()
@@ -89,8 +109,11 @@ def _first_tensor(x) -> Optional[torch.Tensor]:
 class _Counter(TorchDispatchMode):
     """Accumulates (module, op, phase, dtype) -> [flops, bytes, calls]."""
 
-    def __init__(self, param_owner: Dict[int, str]):
+    def __init__(self, param_owner: Dict[int, str], simulated_run: bool = False):
         super().__init__()
+        self.simulated = simulated_run
+        self.needs_values: Optional[str] = None  # the op that needed values a simulated run lacks
+        self.written = 0  # bytes written by forward ops (the memory estimate of a fallback reads it)
         self.phase = "forward"
         self.stack = [""]
         self.rows: Dict[tuple, list] = defaultdict(lambda: [0, 0, 0])
@@ -127,10 +150,17 @@ class _Counter(TorchDispatchMode):
     # --- the hook -----------------------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
         info = self._ops.get(func)
         if info is None:
             info = self._ops[func] = _OpInfo(func)
+        try:
+            out = func(*args, **kwargs)
+        except Exception:
+            if self.simulated:
+                self.needs_values = info.name
+            raise
+        if info.hidden:
+            return out
 
         phase = self.phase
         if phase == "forward":
@@ -142,15 +172,30 @@ class _Counter(TorchDispatchMode):
             module = ""
 
         ref = _compute_dtype_ref(args, out)
-        dtype = str(ref.dtype).replace("torch.", "") if ref is not None else ""
+        dtype = _dtype_name(ref.dtype) if ref is not None else ""
+        out_bytes = None
 
         if info.zero is not None:
             flops, status = 0, ZERO
-            nbytes = 0 if info.zero == formulas.VIEW else _tensor_bytes(args) + _tensor_bytes(kwargs) + _tensor_bytes(out)
+            if info.zero == formulas.VIEW:
+                nbytes = 0
+            else:
+                out_bytes = _tensor_bytes(out)
+                nbytes = _tensor_bytes(args) + _tensor_bytes(kwargs) + out_bytes
         elif info.formula is not None:
             status = COUNTED
             try:
-                res = info.formula(*_to_shapes(args), out_shape=_to_shapes(out), **{k: _to_shapes(v) for k, v in kwargs.items()})
+                if info.values:
+                    res = info.formula(*args, out_shape=_to_shapes(out), **kwargs)
+                else:
+                    res = info.formula(*_to_shapes(args), out_shape=_to_shapes(out),
+                                       **{k: _to_shapes(v) for k, v in kwargs.items()})
+            except formulas.NeedsValues:
+                if self.simulated:
+                    self.needs_values = info.name
+                    raise
+                self.errors[info.name] = "needs tensor values"
+                res, status = 0, UNCOUNTED
             except Exception as exc:  # a formula that cannot read these arguments must not pass as zero
                 self.errors[info.name] = f"{type(exc).__name__}: {exc}"
                 res, status = 0, UNCOUNTED
@@ -159,13 +204,17 @@ class _Counter(TorchDispatchMode):
                 nbytes = int(res[1]) * (ref.element_size() if ref is not None else 1)
             else:
                 flops = int(res)
-                nbytes = _tensor_bytes(args) + _tensor_bytes(kwargs) + _tensor_bytes(out)
+                out_bytes = _tensor_bytes(out)
+                nbytes = _tensor_bytes(args) + _tensor_bytes(kwargs) + out_bytes
         else:
             flops, status = 0, UNCOUNTED
-            nbytes = _tensor_bytes(args) + _tensor_bytes(kwargs) + _tensor_bytes(out)
+            out_bytes = _tensor_bytes(out)
+            nbytes = _tensor_bytes(args) + _tensor_bytes(kwargs) + out_bytes
 
         if flops and ref is not None and not (ref.dtype.is_floating_point or ref.dtype.is_complex):
             flops = 0  # integer and boolean arithmetic is not floating-point work
+        if phase == "forward" and info.zero != formulas.VIEW:
+            self.written += out_bytes if out_bytes is not None else _tensor_bytes(out)
         acc = self.rows[(module, info.name, phase, dtype, info.family, status)]
         acc[0] += flops
         acc[1] += nbytes
@@ -173,59 +222,63 @@ class _Counter(TorchDispatchMode):
         return out
 
 
-def _fused_sdpa_on_meta(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                       enable_gqa=False):
-    """Scaled-dot-product attention through the fused CPU kernel, or None where that kernel does not apply."""
-    if query.device.type != "meta" or enable_gqa or not (query.dim() == key.dim() == value.dim() == 4):
-        return None
-    if not query.dtype.is_floating_point or (attn_mask is not None and is_causal):
-        return None
-    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
-    )[0]
+def _autocast_device() -> Optional[str]:
+    """The device type whose autocast is on around the count (cpu first), or None."""
+    for dev in ("cpu", "cuda"):
+        try:
+            if torch.is_autocast_enabled(dev):
+                return dev
+        except (TypeError, RuntimeError):  # a torch without per-device autocast queries
+            return None
+    return None
 
 
-@contextmanager
-def _sdpa_as_on_cpu():
-    """On meta tensors, run scaled-dot-product attention through the fused CPU kernel, as a CPU run would.
+class _StandIns:
+    """Makes the tensors a count runs on: meta (empty), fake (meta data, a device's dispatch: autocast applies as
+    on that device), or real (detached views of the caller's, copied where the step writes them)."""
 
-    Without this, the meta backend picks the unfused math path (bmm, softmax, bmm, and a materialised causal
-    mask), which is not what runs on a real device. The function is swapped in ``torch.nn.functional`` (where
-    ``nn.MultiheadAttention`` looks it up) for the duration of the count; a torch-function mode cannot do it, as
-    it does not see calls nested inside ``multi_head_attention_forward``.
-    """
-    original = F.scaled_dot_product_attention
+    def __init__(self, device: str, fake_device: Optional[str] = None):
+        self.device = device
+        self.mode = None
+        if fake_device is not None:
+            from torch._subclasses.fake_tensor import FakeTensorMode
 
-    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-        fused = _fused_sdpa_on_meta(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-        if fused is not None:
-            return fused
-        return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-                        scale=scale, enable_gqa=enable_gqa)
+            self.mode = FakeTensorMode(allow_non_fake_inputs=True)
+            self.fake_device = torch.device(fake_device)
 
-    F.scaled_dot_product_attention = sdpa
-    try:
-        yield
-    finally:
-        F.scaled_dot_product_attention = original
+    def _empty(self, t: torch.Tensor) -> torch.Tensor:
+        m = torch.empty_like(t, device="meta")
+        if self.mode is None:
+            return m
+        from torch._subclasses.fake_tensor import FakeTensor
 
+        return FakeTensor(self.mode, m, self.fake_device)
 
-def _stand_in(t: torch.Tensor, device: str, is_param: bool, written: bool) -> torch.Tensor:
-    if device == "meta":
-        s = torch.empty_like(t, device="meta")
-    elif is_param and not written:
-        s = t.detach()  # shares storage: no copy; gradients land on this new leaf, not on the caller's tensor
-    else:
-        s = t.detach().clone()  # written in place (batch-norm statistics, an optimizer step): never the caller's
-    if is_param and t.requires_grad:
-        s.requires_grad_(True)
-    return s
+    def param(self, t: torch.Tensor, is_param: bool, written: bool) -> torch.Tensor:
+        if self.device == "meta":
+            s = self._empty(t)
+        elif is_param and not written:
+            s = t.detach()  # shares storage: no copy; gradients land on this new leaf, not on the caller's tensor
+        else:
+            s = t.detach().clone()  # written in place (batch-norm statistics, an optimizer step): never the caller's
+        if is_param and t.requires_grad:
+            s.requires_grad_(True)
+        return s
 
+    def inputs(self, inputs):
+        if self.device != "meta":
+            return torch.utils._pytree.tree_map(
+                lambda x: x.to(self.device) if isinstance(x, torch.Tensor) else x, inputs)
+        if self.mode is None:
+            return meta_like(inputs)
 
-def _move_inputs(inputs, device: str):
-    if device == "meta":
-        return meta_like(inputs)
-    return torch.utils._pytree.tree_map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, inputs)
+        def fake(x):
+            if not isinstance(x, torch.Tensor):
+                return x
+            f = self._empty(x)
+            return f.requires_grad_(True) if x.requires_grad and f.dtype.is_floating_point else f
+
+        return torch.utils._pytree.tree_map(fake, inputs)
 
 
 def _call(model, params, inputs):
@@ -234,6 +287,52 @@ def _call(model, params, inputs):
     if not isinstance(inputs, tuple):
         inputs = (inputs,)
     return torch.func.functional_call(model, params, inputs)
+
+
+def _run(model, inputs, *, backward, loss_fn, device, optimizer, as_device, optimizer_model=None, state=None):
+    """One count of the step; returns (counter, phases, notes, stand-in inputs). ``state["counter"]`` keeps the
+    counter for a caller that needs to read it after the run raised."""
+    fake_device = _autocast_device() if device == "meta" else None
+    make = _StandIns(device, fake_device)
+    named_params = dict(model.named_parameters())
+    stepped = backward and optimizer is not None
+    params = {n: make.param(p, True, stepped) for n, p in named_params.items()}
+    params.update({n: make.param(b, False, True) for n, b in model.named_buffers()})
+    param_owner = {id(params[n]): n.rpartition(".")[0] for n in named_params}
+    inputs = make.inputs(inputs)
+    opt = rebuild_optimizer(optimizer, params, optimizer_model or model) if backward else None
+
+    counter = _Counter(param_owner, simulated_run=device == "meta")
+    if state is not None:
+        state["counter"] = counter
+    notes = []
+    phases = ["forward"] + (["backward"] if backward else [])
+    with ExitStack() as stack:
+        if make.mode is not None:
+            stack.enter_context(make.mode)
+        if device == "meta":
+            stack.enter_context(kernels_as(as_device))
+        counter.stack = stack.enter_context(module_stack(model, on_change=counter.claim))
+        stack.enter_context(torch.enable_grad() if backward else torch.no_grad())
+        stack.enter_context(counter)
+        output = _call(model, params, inputs)
+        if backward:
+            loss = (loss_fn or default_loss)(output)
+            counter.claim()  # the loss's nodes belong to the root
+            counter.phase = "backward"
+            if isinstance(loss, torch.Tensor) and loss.requires_grad:
+                loss.backward()
+            else:  # a parameter-free model on inputs that need no gradient: there is nothing to differentiate
+                notes.append("nothing in the step requires a gradient: its backward computes nothing")
+                opt = None
+            if opt is not None:
+                counter.phase = "optimizer"
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                phases.append("optimizer")
+    if fake_device is not None:
+        notes.append(f"autocast on {fake_device}: counted on fake {fake_device} tensors, so that its casts apply")
+    return counter, phases, notes, inputs
 
 
 def count_step(
@@ -245,42 +344,67 @@ def count_step(
     device: str = "meta",
     optimizer=None,
     model_name: str = "",
+    as_device: str = "cpu",
+    fallback_to_cpu: bool = True,
 ) -> FlopReport:
-    """Count one training step (forward, and backward/optimizer when asked) of ``model`` on ``inputs``."""
+    """Count one training step (forward, and backward/optimizer when asked) of ``model`` on ``inputs``.
+
+    On meta (the default), ops with run-time kernel choices take the kernel ``as_device`` ("cpu" or "cuda") would;
+    a forward that needs tensor values is counted on the CPU instead (``fallback_to_cpu``), or fails in one line.
+    The caller's model is given back unchanged (``step.preserved``).
+    """
     device = str(device)
-    named_params = dict(model.named_parameters())
-    stepped = backward and optimizer is not None
-    params = {n: _stand_in(p, device, True, stepped) for n, p in named_params.items()}
-    params.update({n: _stand_in(b, device, False, True) for n, b in model.named_buffers()})
-    param_owner = {id(params[n]): n.rpartition(".")[0] for n in named_params}
-    inputs = _move_inputs(inputs, device)
-    opt = rebuild_optimizer(optimizer, params, model) if backward else None
+    name = model_name or type(model).__name__
+    meta_extra = {"device": device}
+    with preserved(model):
+        if device != "meta":
+            counter, phases, notes, used = _run(model, inputs, backward=backward, loss_fn=loss_fn, device=device,
+                                                optimizer=optimizer, as_device=as_device)
+        else:
+            meta_extra["as"] = as_device
+            needed, state = None, {}
+            try:
+                counter, phases, notes, used = _run(model, inputs, backward=backward, loss_fn=loss_fn,
+                                                    device="meta", optimizer=optimizer, as_device=as_device,
+                                                    state=state)
+            except Exception as exc:
+                failed = state.get("counter")
+                needed = fallback.meta_limit(exc, failed.needs_values if failed is not None else None)
+                if needed is None or not fallback_to_cpu:
+                    raise
+                written = failed.written if failed is not None else 0
+            if needed is not None:
+                counter, phases, notes, used = _on_cpu(model, inputs, name, needed, written, backward=backward,
+                                                       loss_fn=loss_fn, optimizer=optimizer, as_device=as_device)
+                meta_extra = {"device": "cpu", "fallback": needed}
 
-    counter = _Counter(param_owner)
-    grad = torch.enable_grad() if backward else torch.no_grad()
-    sdpa = _sdpa_as_on_cpu() if device == "meta" else nullcontext()
-    with module_stack(model, on_change=counter.claim) as counter.stack, grad, sdpa, counter:
-        output = _call(model, params, inputs)
-        if backward:
-            loss = (loss_fn or default_loss)(output)
-            counter.claim()  # the loss's nodes belong to the root
-            counter.phase = "backward"
-            loss.backward()
-            if opt is not None:
-                counter.phase = "optimizer"
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-
-    phases = ["forward"] + (["backward"] if backward else []) + (["optimizer"] if opt is not None else [])
     rows = [
         dict(module=k[0], op=k[1], phase=k[2], dtype=k[3], family=k[4], status=k[5], flops=v[0], bytes=v[1], calls=v[2])
         for k, v in counter.rows.items()
     ]
-    notes = [f"formula for {op} failed: {err}" for op, err in counter.errors.items()]
+    notes = notes + [f"formula for {op} failed: {err}" for op, err in counter.errors.items()]
     return FlopReport.from_rows(
-        rows, model=model_name or type(model).__name__, batch_size=batch_size_of(inputs, default=None),
-        estimator="dispatch", phases=phases, notes=notes, meta={"device": device, "params": _owned_params(model)},
+        rows, model=name, batch_size=batch_size_of(used, default=None),
+        estimator="dispatch", phases=phases, notes=notes, meta={**meta_extra, "params": _owned_params(model)},
     )
+
+
+def _on_cpu(model, inputs, name, needed, written, **step):
+    """The step again on the CPU with real tensors, where the memory it needs is there."""
+    need = fallback.step_bytes(model, inputs, written, step["backward"])
+    free = fallback.available_bytes()
+    why = f"its forward needs tensor values ({needed}), which meta tensors do not have"
+    if free and need > free:
+        raise fallback.NeedsRealTensors(
+            f"{name}: {why}; counting it on the CPU needs about {fallback.gib(need)} and {fallback.gib(free)} is "
+            "available: count it with --device cpu (device='cpu') on a machine with the memory")
+    real = fallback.real_model(model)
+    values = random_on(inputs, "cpu", generator=torch.Generator().manual_seed(0))
+    note = f"counted on the CPU with real tensors: {why}"
+    print(f"flopcount: {note}", file=sys.stderr)
+    with preserved(real):
+        counter, phases, notes, used = _run(real, values, device="cpu", optimizer_model=model, **step)
+    return counter, phases, [note] + notes, used
 
 
 def _owned_params(model: torch.nn.Module) -> Dict[str, int]:
@@ -298,9 +422,9 @@ class DispatchEstimator:
 
     name = "dispatch"
     capabilities = Capabilities(phases=("forward", "backward", "optimizer"), devices=("meta", "cpu", "cuda"),
-                                loss_fn=True, real_weights=False)
+                                loss_fn=True, real_weights=False, kernels=("cpu", "cuda"))
 
     def estimate(self, request: Request) -> FlopReport:
         return count_step(request.model, request.inputs, backward=request.backward, loss_fn=request.loss_fn,
                           device=request.device or "meta", optimizer=request.optimizer,
-                          model_name=request.model_name)
+                          model_name=request.model_name, as_device=request.as_device)

@@ -22,7 +22,14 @@ Conventions, per family (the README has the same table):
 * Reductions: one FLOP per input element (variance 3, vector norms 2); losses scale exactly with the batch.
 * Normalisation, softmax, pooling, attention: see their modules' docstrings. Only work that grows with the
   input is counted (a norm's per-channel finishing is not), so batch N costs exactly N x batch 1.
-* Zero-FLOP: views (0 bytes) and memory ops (bytes, no arithmetic): ``memory.py``.
+* Interpolation and grid sampling (``interpolate.py``): a weighted sum of k taps is 2k - 1; sorting and selection
+  (``selection.py``): one FLOP per comparison; RoI pooling (``detection.py``), the LSTM kernel (``recurrent.py``),
+  distances (``distance.py``).
+* Zero-FLOP: views (0 bytes) and memory ops (bytes, no arithmetic), boolean logic: ``memory.py``.
+
+A few ops do work that depends on the values of their tensors (how many boxes NMS compares, the size of a RoI
+pool's bins): their formulas are registered with ``values=True`` and get the tensors; on meta tensors they raise
+``NeedsValues`` and the counter reruns the step with real values (see ``estimators/dispatch.py``).
 """
 from __future__ import annotations
 
@@ -32,7 +39,8 @@ import torch
 
 __all__ = [
     "FLOP_FORMULAS", "ZERO_FLOP", "VIEW", "MEMORY", "register", "register_zero",
-    "lookup", "numel", "op_family", "FAMILY", "first_shape", "is_shape", "existing",
+    "lookup", "numel", "op_family", "FAMILY", "first_shape", "is_shape", "existing", "VALUES", "NeedsValues",
+    "shape_of",
 ]
 
 Formula = Callable[..., Union[int, tuple]]
@@ -44,17 +52,31 @@ ZERO_FLOP: Dict[str, str] = {}
 # aten overload packet name -> op family ("matmul", "conv", "attention", "norm", "pointwise", ...)
 FAMILY: Dict[str, str] = {}
 
+# ops whose work depends on tensor values (the boxes NMS keeps): their formula gets the tensors, not the sizes
+VALUES: set = set()
+
 VIEW = "view"
 MEMORY = "memory"
 
 
-def register(*names: str, family: str) -> Callable[[Formula], Formula]:
-    """Register ``fn`` as the formula for the given aten packet names (``"aten.mm"``)."""
+class NeedsValues(Exception):
+    """A formula needs the values of a tensor it was given only the shape (or a meta tensor) of."""
+
+
+def register(*names: str, family: str, values: bool = False) -> Callable[[Formula], Formula]:
+    """Register ``fn`` as the formula for the given aten packet names (``"aten.mm"``).
+
+    ``values=True``: the op's work depends on the values of its tensors, and ``fn`` is called with the tensors
+    themselves; it raises ``NeedsValues`` when they have none (meta tensors, or sizes from a profile)."""
 
     def deco(fn: Formula) -> Formula:
         for name in names:
             FLOP_FORMULAS[name] = fn
             FAMILY[name] = family
+            if values:
+                VALUES.add(name)
+            else:
+                VALUES.discard(name)
         return fn
 
     return deco
@@ -88,6 +110,11 @@ def is_shape(x) -> bool:
     return isinstance(x, torch.Size)
 
 
+def shape_of(x):
+    """The size of a formula argument that is a tensor, or a size already (the ``values=True`` formulas get both)."""
+    return x.shape if isinstance(x, torch.Tensor) else x
+
+
 def first_shape(shape):
     """The size of an op's first output (``out_shape`` is a tuple of sizes when the op returns several)."""
     if isinstance(shape, (tuple, list)) and not isinstance(shape, torch.Size):
@@ -101,4 +128,7 @@ def existing(*names: str) -> list:
 
 
 # The families register themselves on import; keep this list in step with the modules of this package.
-from . import matmul, conv, attention, norm, pooling, pointwise, reduction, memory, rnn  # noqa: E402,F401
+from . import (  # noqa: E402,F401
+    matmul, conv, attention, norm, pooling, pointwise, reduction, memory, rnn, interpolate, selection, detection,
+    recurrent, distance,
+)

@@ -19,13 +19,20 @@ Backward (the kernels recompute P from the saved log-sum-exp rather than store i
 Five matmuls against the forward's two: with E = Ev the matmul work is 2.5 x the forward's. The softmax term is 5
 per score in both directions (3 for the recomputed P and 2 for dS).
 
-``scores`` is ``Lq * Lk``, except with ``is_causal=True``, where only the scores on or below the diagonal are
-computed and counted: query i sees keys ``j <= i`` (PyTorch's top-left aligned causal mask), so
-``scores = sum_i min(i + 1, Lk)``, which is ``L (L + 1) / 2`` for Lq = Lk = L. (The memory-efficient kernel's
-bottom-right variant, ``custom_mask_type = 2``, aligns the diagonal to the last key instead.)
+``scores`` is ``Lq * Lk``: every (query, key) pair of the square, with H the number of *query* heads (grouped-query
+attention shares a key head between several query heads; the work is per query head).
 
-Extras, per score and in each direction: an explicit ``attn_mask``/``attn_bias`` adds 1 (an add or a select);
-dropout (``dropout_p > 0``) adds 2 (mask multiply and rescale), as ``native_dropout`` does.
+Masks, the one rule for causal attention in all its forms: a mask, whether ``is_causal=True``, a boolean
+``attn_mask`` or a float ``attn_mask``/``attn_bias`` (and the memory-efficient kernel's ``custom_mask_type``), adds
+**1 per score** in each direction (applying it: a select or an add), and the full square is counted whatever the
+mask holds. A mask's values are not known on meta tensors, so a count that depended on them could not be the same
+on meta and on a device; and the same causal attention comes as ``is_causal`` or as a mask depending on padding (the
+transformers library switches between the two). The fused kernels skip the blocks a causal mask removes entirely,
+so a causal attention runs about half the score work counted here: the convention of PaLM's model-FLOPs formula
+(6N + 12 L H Q T), which counts the full square too.
+
+Dropout (``dropout_p > 0``) adds 2 per score in each direction (mask multiply and rescale), as ``native_dropout``
+does.
 
 The ``_scaled_dot_product_*`` ops take (B, H, L, E) tensors; ``_flash_attention_*`` and ``_efficient_attention_*``
 take (B, L, H, E). Variable-length (packed) batches, (total_tokens, H, E) with ``cum_seq_q``, cannot be counted
@@ -41,26 +48,16 @@ MASK = 1
 DROPOUT = 2
 
 
-def causal_scores(lq: int, lk: int, bottom_right: bool = False) -> int:
-    """Number of (query, key) pairs a causal mask keeps."""
-    shift = lk - lq if bottom_right else 0
-    return sum(min(max(i + 1 + shift, 0), lk) for i in range(lq))
-
-
-def _scores(lq: int, lk: int, causal) -> int:
-    if not causal:
-        return lq * lk
-    return causal_scores(lq, lk, bottom_right=(causal == "bottom_right"))
-
-
 def attention_forward(b, h, lq, lk, e, ev, causal=False, mask=False, dropout=False) -> int:
-    per_score = 2 * e + 2 * ev + SOFTMAX + MASK * bool(mask) + DROPOUT * bool(dropout)
-    return b * h * _scores(lq, lk, causal) * per_score
+    masked = bool(causal) or bool(mask)
+    per_score = 2 * e + 2 * ev + SOFTMAX + MASK * masked + DROPOUT * bool(dropout)
+    return b * h * lq * lk * per_score
 
 
 def attention_backward(b, h, lq, lk, e, ev, causal=False, mask=False, dropout=False) -> int:
-    per_score = 6 * e + 4 * ev + BACKWARD_SOFTMAX + MASK * bool(mask) + DROPOUT * bool(dropout)
-    return b * h * (_scores(lq, lk, causal) * per_score + lq * 2 * ev)
+    masked = bool(causal) or bool(mask)
+    per_score = 6 * e + 4 * ev + BACKWARD_SOFTMAX + MASK * masked + DROPOUT * bool(dropout)
+    return b * h * (lq * lk * per_score + lq * 2 * ev)
 
 
 def _check_4d(q):

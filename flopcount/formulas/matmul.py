@@ -98,3 +98,38 @@ def addr(bias, v1, v2, *_, beta=1, alpha=1, out_shape=None, **__):
 @register("aten.outer", "aten.ger", family="matmul")
 def outer(v1, v2, *_, out_shape=None, **__):
     return numel(v1) * numel(v2)
+
+
+@register("aten._trilinear", family="matmul")
+def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1, *_, out_shape=None, **__):
+    """``(i1.unsqueeze(expand1) * i2.unsqueeze(expand2) * i3.unsqueeze(expand3)).sum(sumdim)`` (``nn.Bilinear``
+    and its backward), as PyTorch computes it: for each index k of ``unroll_dim``, a product of i1 and i2 summed
+    over the dims i3 lacks, then a product with i3 summed over the rest, then an add into the output slice.
+
+    A product of two operands over an index space of n points is n multiplies; summed over some of its dims it is
+    a multiply-add per point, 2n. ``nn.Bilinear(I, J, O)`` on N samples (dims N, O, I, J, unrolled over O):
+    ``O * (2 N I J + 2 N J + N)``."""
+    dims = len(i1) + len(expand1)
+    sizes = [1] * dims
+    for shape, expand in ((i1, expand1), (i2, expand2), (i3, expand3)):
+        it = iter(int(s) for s in shape)
+        for d in range(dims):
+            if d not in expand:
+                sizes[d] = max(sizes[d], next(it))
+    present = [{d for d in range(dims) if d not in e} for e in (expand1, expand2, expand3)]
+    sumdim = set(sumdim)
+    sum12 = {d for d in sumdim if d != unroll_dim and d not in present[2]}
+    sum23 = {d for d in sumdim if d != unroll_dim and d in present[2]}
+
+    def points(ds):
+        n = 1
+        for d in ds:
+            n *= sizes[d]
+        return n
+
+    space12 = (present[0] | present[1]) - {unroll_dim}
+    first = points(space12) * (2 if sum12 else 1)
+    space23 = ((space12 - sum12) | present[2]) - {unroll_dim}
+    second = points(space23) * (2 if sum23 else 1)
+    out_slice = points(set(range(dims)) - sumdim - {unroll_dim})
+    return sizes[unroll_dim] * (first + second + out_slice)

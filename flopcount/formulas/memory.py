@@ -16,11 +16,21 @@ Formulas for the data-movement ops that also accumulate:
 * ``index_put`` / ``_index_put_impl_`` with ``accumulate=True`` (the backward of advanced indexing), ``index_add``,
   ``scatter_add``, ``scatter_reduce``, ``scatter`` with ``reduce=``: one FLOP per element accumulated (per element of
   ``values``/``source``/``src``); without accumulation they are plain writes, 0 FLOPs;
-* ``col2im`` (the backward of ``unfold``): one add per input element.
+* ``col2im`` (the backward of ``unfold``): one add per input element;
+* ``_embedding_bag`` (n indices of a D-wide table into B bags): ``sum`` adds each gathered row into its bag, n D
+  adds (+ n D multiplies with ``per_sample_weights``); ``mean`` the same plus one divide per output element
+  (B D); ``max`` one comparison per gathered element (n D). Backward (``_embedding_bag_backward``, dense):
+  ``sum`` adds each bag's gradient into every row it gathered, n D (+ n D multiplies with weights); ``mean`` divides
+  it by the bag's size first, 2 n D; ``max`` adds it into the one winning row, B D.
+  ``_embedding_bag_per_sample_weights_backward``: per index, the dot product of its bag's gradient with its row,
+  2 n D.
+
+Boolean logic (``logical_and/or/not/xor``, ``bitwise_and/or/not/xor``, ``all``, ``any``) is not floating-point
+arithmetic and is declared zero (memory ops: they read and write bytes).
 """
 from __future__ import annotations
 
-from . import MEMORY, VIEW, existing, first_shape, numel, register, register_zero
+from . import MEMORY, VIEW, existing, first_shape, is_shape, numel, register, register_zero
 
 VIEWS = (
     "view", "_unsafe_view", "reshape", "_reshape_alias", "view_as", "t", "t_", "transpose", "transpose_",
@@ -68,6 +78,10 @@ register_zero(VIEW, existing(*VIEWS))
 register_zero(VIEW, ["profiler._record_function_enter", "profiler._record_function_enter_new",
                      "profiler._record_function_exit"])
 register_zero(MEMORY, existing(*MEMORY_OPS))
+BOOLEAN_OPS = tuple(f"{op}{suffix}" for op in ("logical_and", "logical_or", "logical_not", "logical_xor",
+                                               "bitwise_and", "bitwise_or", "bitwise_not", "bitwise_xor")
+                    for suffix in ("", "_")) + ("all", "any")
+register_zero(MEMORY, existing(*BOOLEAN_OPS), family="boolean")
 
 
 @register("aten.embedding", family="memory")
@@ -114,3 +128,47 @@ def scatter(x, dim, index, src=None, *_, reduce=None, out_shape=None, **__):
 @register(*existing("col2im"), family="memory")
 def col2im(x, *_, out_shape=None, **__):
     return numel(x)
+
+
+_BAG_SUM, _BAG_MEAN, _BAG_MAX = 0, 1, 2
+
+
+def _bag(weight, indices, out_shape):
+    d = int(weight[1]) if len(weight) > 1 else 1
+    return numel(indices), d, numel(first_shape(out_shape))
+
+
+@register(*existing("_embedding_bag", "_embedding_bag_forward_only"), family="memory")
+def embedding_bag(weight, indices, offsets=None, scale_grad_by_freq=False, mode=_BAG_SUM, sparse=False,
+                  per_sample_weights=None, *_, out_shape=None, **__):
+    n, d, out = _bag(weight, indices, out_shape)
+    flops = n * d * (1 + is_shape(per_sample_weights))
+    if int(mode) == _BAG_MEAN:
+        flops += out
+    return flops
+
+
+def _bag_backward(grad, indices, mode, per_sample_weights) -> int:
+    n, d = numel(indices), int(grad[-1]) if len(grad) else 1
+    if int(mode) == _BAG_MAX:
+        return numel(grad)
+    if int(mode) == _BAG_MEAN:
+        return 2 * n * d
+    return n * d * (1 + is_shape(per_sample_weights))
+
+
+@register("aten._embedding_bag_backward", family="memory")
+def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
+                           scale_grad_by_freq, mode, sparse, per_sample_weights=None, *_, out_shape=None, **__):
+    return _bag_backward(grad, indices, mode, per_sample_weights)
+
+
+@register("aten._embedding_bag_dense_backward", family="memory")
+def embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
+                                 scale_grad_by_freq, mode, per_sample_weights=None, *_, out_shape=None, **__):
+    return _bag_backward(grad, indices, mode, per_sample_weights)
+
+
+@register("aten._embedding_bag_per_sample_weights_backward", family="memory")
+def embedding_bag_per_sample_weights_backward(grad, weight, indices, *_, out_shape=None, **__):
+    return 2 * numel(indices) * (int(weight[1]) if len(weight) > 1 else 1)

@@ -83,7 +83,7 @@ COST: Dict[str, Cost] = {
     "sinh": 1, "cosh": 1, "atan2": 1,
     # comparisons, selection, min/max
     "eq": 1, "ne": 1, "lt": 1, "le": 1, "gt": 1, "ge": 1, "maximum": 1, "minimum": 1, "fmax": 1, "fmin": 1,
-    "where": 1, "isnan": 1, "isinf": 1, "isfinite": 1, "logical_not": 1, "logical_and": 1, "logical_or": 1,
+    "where": 1, "isnan": 1, "isinf": 1, "isfinite": 1,
     "clamp": _clamp, "clip": _clamp, "clamp_min": 1, "clamp_max": 1,
     # activations
     "relu": 1, "threshold": 1,
@@ -99,6 +99,10 @@ COST: Dict[str, Cost] = {
     "softplus": 3,  # log1p(exp(x)), with a threshold comparison
     "mish": 5,  # x * tanh(softplus(x))
     "logit": 3,  # log(x / (1 - x))
+    "glu": 5,  # a * sigmoid(b) per output element (half the input): sigmoid 4, multiply 1
+    "_prelu_kernel": 2,  # x > 0 ? x : w * x: compare, multiply
+    # log(sigmoid(x)) = min(x, 0) - log1p(exp(-|x|)): min, abs, negate, exp, log1p, subtract
+    "log_sigmoid_forward": 6,
     # backwards: g is the incoming gradient
     "threshold_backward": 1,  # x > t ? g : 0
     "hardtanh_backward": 2,  # min < x < max ? g : 0
@@ -113,6 +117,7 @@ COST: Dict[str, Cost] = {
     "softplus_backward": 5,  # g * sigmoid(x)
     "mish_backward": 12,  # g * (tanh(sp) + x * sigmoid(x) * (1 - tanh(sp)**2)), sp = softplus(x)
     "logit_backward": 3,  # g / (x * (1 - x))
+    "_prelu_kernel_backward": 3,  # x > 0 ? g : w * g (compare, multiply) and the weight's x * g (multiply)
     # dropout
     "native_dropout": 2,  # x * mask * (1 / (1 - p))
     "native_dropout_backward": 2,  # g * mask * scale
@@ -208,3 +213,16 @@ def fused_sgd(*args, out_shape=None, **kwargs):
     if kwargs.get("grad_scale") is not None:
         cost += 1
     return foreach_numel(args[:1]) * cost
+
+
+@register("aten.glu_backward", family="pointwise")
+def glu_backward(grad_out, *_, out_shape=None, **__):
+    # per grad_output element: s = sigmoid(b) (4), da = s * g (1), db = (1 - s) * s * a * g (4)
+    return 9 * numel(grad_out)
+
+
+@register("aten.log_sigmoid_backward", family="pointwise")
+def log_sigmoid_backward(grad_out, x, buffer, *_, out_shape=None, **__):
+    # g * (max_deriv - sign * z / (1 + z)), z = exp(-|x|): the sign test, add, divide, multiply, subtract and the
+    # multiply by g (6); where the forward kept no buffer (CUDA), z is recomputed: abs, negate, exp (3)
+    return numel(grad_out) * (6 + (3 if numel(buffer) == 0 else 0))

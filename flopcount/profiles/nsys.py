@@ -208,7 +208,7 @@ def _batches(uri: str, sql: str, path: str):
         except Exception:
             pass  # an older driver: its default batch size
         try:
-            cur.execute(sql)
+            _execute_when_unlocked(cur, sql)
             reader = cur.fetch_record_batch()
             for batch in reader:
                 yield batch
@@ -220,6 +220,24 @@ def _batches(uri: str, sql: str, path: str):
             cur.close()
     finally:
         con.close()
+
+
+def _execute_when_unlocked(cur, sql: str, wait_s: float = 5.0) -> None:
+    """Run ``sql``, waiting while another connection briefly holds the file (a writer checkpointing its WAL): the
+    driver has no busy timeout of its own and would fail at once with "database is locked"."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    delay = 0.005
+    while True:
+        try:
+            cur.execute(sql)
+            return
+        except Exception as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc).lower() or time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
 
 
 def _count(skipped: dict, reason: str, n: int) -> None:

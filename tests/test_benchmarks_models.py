@@ -1,0 +1,43 @@
+"""The model benchmarks run at a tiny size and print their figures (no time is asserted: speed lives in
+benchmarks/)."""
+import csv
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(script, *args):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), *args], capture_output=True,
+                         text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+def test_lm_count_speed_prints_the_ratio_with_its_spread():
+    pytest.importorskip("transformers")
+    out = run("lm_count_speed.py", "--rounds", "2", "--layers", "1", "--batch", "1", "--seq", "32", "--skip-llama")
+    assert re.search(r"ratio flopcount / FlopCounterMode = \d+\.\d\d \(median; range \d+\.\d\d-\d+\.\d\d over 2", out)
+
+
+@pytest.mark.slow
+def test_lm_count_speed_counts_the_llama_shaped_model():
+    pytest.importorskip("transformers")
+    out = run("lm_count_speed.py", "--rounds", "1", "--layers", "1", "--batch", "1", "--seq", "16",
+              "--llama-seq", "64")
+    line = [l for l in out.splitlines() if l.startswith("Llama-3-8B-shaped")][0]
+    assert "8.03 B parameters" in line and "on meta" in line and " 0 uncounted ops" in line
+
+
+def test_torchvision_table_writes_rows_with_reasons(tmp_path):
+    out_csv = tmp_path / "t.csv"
+    out = run("torchvision_table.py", "--out", str(out_csv), "--models", "resnet18,fcn_resnet50")
+    assert "2 models: 2 counted" in out
+    rows = {r["model"]: r for r in csv.DictReader(open(out_csv))}
+    assert rows["resnet18"]["ratio"] == "1.0" and rows["resnet18"]["downloaded"] == "no"
+    assert "auxiliary classifier" in rows["fcn_resnet50"]["reason"]
