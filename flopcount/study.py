@@ -193,9 +193,10 @@ class TorchBackend:
         return self.device.startswith("cuda") and shutil.which("nsys") is not None
 
     def profile_flops(self, method: str, name: str, batch: int) -> Tuple[int, int, float]:
-        """(forward FLOPs, backward FLOPs, GPU seconds) of one training step recorded under emit_nvtx in nsys,
-        de-duplicated (``nvtx``) or counted the way the 2021 study's tool did (``nvtx-naive``). One capture serves
-        both."""
+        """(forward FLOPs, backward FLOPs, seconds) of one training step recorded under emit_nvtx in nsys,
+        de-duplicated (``nvtx``) or counted the way the 2021 study's tool did (``nvtx-naive``). One capture of
+        ``steps`` marked steps serves both; seconds is the median time of a marked step in the profile (the
+        per-batch time of the 2021 study's NVTX method)."""
         key = (name, batch)
         if key not in self._profiles:
             import tempfile
@@ -204,13 +205,11 @@ class TorchBackend:
 
             folder = tempfile.mkdtemp(prefix="flopcount-nvtx-")
             self._profiles[key] = capture(name, batch, out=os.path.join(folder, f"{name}-b{batch}"),
-                                          num_classes=self.config.num_classes)
-        from .profiles import analyze
+                                          num_classes=self.config.num_classes, steps=self.config.steps)
+        from .profiles.capture import read_steps
 
-        a = analyze(self._profiles[key], naive=(method == "nvtx-naive"))
-        if a.report is None:
-            raise StudyError("the profile has no shapes: FLOPs cannot be derived from its markers")
-        return a.report.total("forward"), a.report.total("backward"), float(a.gpu_seconds())
+        r = read_steps(self._profiles[key], naive=(method == "nvtx-naive"))
+        return r.forward, r.backward, r.seconds_median
 
     def check(self, name: str) -> None:
         """Fail early, in one line, on a model spec that does not resolve (building on meta costs nothing)."""

@@ -49,6 +49,7 @@ class Analysis:
     ranges: int
     notes: list = field(default_factory=list)
     path: str = ""
+    op_ranges: Optional[pd.DataFrame] = None  # one row per op call: start, tid, op, phase, flops, status
 
     def gpu_seconds(self, phase: Optional[str] = None) -> float:
         f = self.ops if phase is None else self.ops[self.ops["phase"] == phase]
@@ -210,8 +211,10 @@ def analyze(path_or_profile, naive: bool = False) -> Analysis:
     report = None
     if has_shapes:
         report = _report(op_names, phase, is_op, flops, status, naive_flops, naive, prof, notes)
+    op_ranges = pd.DataFrame({"start": r["start"].to_numpy(), "tid": r["tid"].to_numpy(), "op": op_names,
+                              "phase": phase, "flops": np.maximum(flops, 0), "status": status})[is_op]
     return Analysis(ops=ops, report=report, has_shapes=has_shapes, kernels=len(k), kernels_unlaunched=unl,
-                    kernels_outside_ranges=outside, ranges=n, notes=notes, path=prof.path)
+                    kernels_outside_ranges=outside, ranges=n, notes=notes, path=prof.path, op_ranges=op_ranges)
 
 
 def _flops(r, name, seq, phase, is_op, parent, depth, int_k, float_k, under, notes):
@@ -236,7 +239,14 @@ def _flops(r, name, seq, phase, is_op, parent, depth, int_k, float_k, under, not
     creator = {}
     for i in fwd_ops[np.argsort(r["start"].to_numpy()[fwd_ops], kind="stable")]:
         creator[int(seq[i])] = i  # the last one wins
-    first_fwd_seq = min(creator) if creator else None
+    # the step's input feeds the first op of each forward pass (a profile may hold several steps): a forward op
+    # is a pass's first where a backward or optimizer op started since the forward op before it
+    t = r["start"].to_numpy()
+    fwd_t = np.sort(t[fwd_ops])
+    other = np.sort(t[is_op & ~is_fwd])
+    first = np.searchsorted(other, fwd_t) > np.searchsorted(other, np.concatenate(([t.min() - 1], fwd_t[:-1])))
+    first[:1] = True
+    first_seqs = set(seq[fwd_ops[np.argsort(t[fwd_ops], kind="stable")][first]].tolist())
 
     def fwd_info(s):
         """(has_bias, input_needs_grad) of the forward op that created backward node ``s``."""
@@ -244,10 +254,10 @@ def _flops(r, name, seq, phase, is_op, parent, depth, int_k, float_k, under, not
         if i is None:
             return None, True
         sz = markers.parse_sizes(sizes_txt[i]) if isinstance(sizes_txt[i], str) else []
-        return len(sz) > 2 and bool(sz[2]), s != first_fwd_seq
+        return len(sz) > 2 and bool(sz[2]), s not in first_seqs
     if any(markers.packet(x).startswith("aten.max_pool") for x in set(name[is_op])):
         notes.append(POOL_NOTE)
-    if first_fwd_seq is not None:
+    if first_seqs:
         notes.append("assumed the step's input does not require a gradient (no grad_input for the first layer)")
 
     # the backward node enclosing each backward op (for its forward link)

@@ -136,14 +136,18 @@ def load(path) -> Profile:
         text = "COALESCE(n.text, s.value)" if {"text", "textId"} <= cols else ("n.text" if "text" in cols else "s.value")
         join = "LEFT JOIN StringIds s ON s.id = n.textId" if "textId" in cols else ""
         in_push = ",".join(map(str, push))
+        from .annotations import domain_filter  # the annotator's ranges nest apart from emit_nvtx's
+
+        not_annotation, n_annotation = domain_filter(con, path)
         rows = _query(con, f"SELECT start, end, tid, {markers.sql_columns('txt')} FROM "
                            f"(SELECT n.start AS start, n.end AS end, n.globalTid AS tid, COALESCE({text}, '') AS txt "
-                           f"FROM NVTX_EVENTS n {join} WHERE n.eventType IN ({in_push}) AND n.end IS NOT NULL)", path)
+                           f"FROM NVTX_EVENTS n {join} WHERE n.eventType IN ({in_push}) AND n.end IS NOT NULL "
+                           f"AND {not_annotation})", path)
         ranges = _frame(rows, ["start", "end", "tid", "name", "seq", "op_id", "sizes"],
                         [np.int64, np.int64, np.int64, object, np.int64, np.int64, object])
         n_start_end = _query(con, "SELECT count(*) FROM NVTX_EVENTS WHERE eventType IN "
                                   f"({','.join(map(str, start_end))})", path)[0][0]
-        if ranges.empty:
+        if ranges.empty and not n_annotation:
             raise ProfileError(f"{path}: NVTX_EVENTS holds no push/pop ranges: the capture had no emit_nvtx "
                                "markers (wrap the step in torch.autograd.profiler.emit_nvtx)")
         ranges = ranges.sort_values(["tid", "start", "end"], ascending=[True, True, False], kind="stable")
