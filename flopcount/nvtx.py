@@ -145,10 +145,13 @@ class _Call:
     """One call of a module in a forward with grad: the autograd nodes it made are the sequence numbers
     [s0, s1) (forward ops run on one thread, which numbers nodes in order)."""
 
-    __slots__ = ("label", "s0", "s1", "parent", "chain", "exits", "left", "task", "entry")
+    __slots__ = ("label", "s0", "s1", "parent", "members", "chain", "exits", "left", "task", "entry")
 
     def __init__(self, label, s0, parent):
         self.label, self.s0, self.s1, self.parent = label, s0, s0, parent
+        # the outermost call holds every call under it, in the order they began
+        self.members = parent.members if parent is not None else []
+        self.members.append(self)
         self.chain = None
         self.exits = 0  # its nodes with no edge to another of its nodes: the last of them ends its backward
         self.left, self.task, self.entry = 0, None, None
@@ -173,7 +176,7 @@ class _Session:
         self.phase_name = None
         self.backward_seen = self.optimizer_seen = False
         self.handles = []
-        self.root_calls: List[_Call] = []
+        self.closed = False
         self._patched = None
         model = owner.model
         if model is not None:
@@ -247,20 +250,18 @@ class _Session:
     # --- module forward ----------------------------------------------------------------------------------------
     def _module_pre(self, label, text, root, module, args):
         local = self.marker.local
-        if root and self._mine() and torch.is_grad_enabled():
-            if self.auto_steps:
-                # a loop without an optimizer: every forward after a backward begins a step
-                if self.step is not None and self.backward_seen and not self.optimizer_seen:
-                    self.close_step()
-                self.open_step()
-            self.set_phase("forward")
+        if root and self._mine():
+            # a loop without an optimizer: a step ends where the next forward begins
+            if self.auto_steps and self.step is not None and self.backward_seen and not self.optimizer_seen:
+                self.close_step()
+            if torch.is_grad_enabled():
+                if self.auto_steps:
+                    self.open_step()
+                self.set_phase("forward")
         entry = self.marker.push(text, MODULE_COLORS["forward"])
         call = None
         if torch.is_grad_enabled():
             call = _Call(label, _get_seq(), local.calls[-1][1] if local.calls else None)
-            if root or not local.calls:
-                self.root_calls = []
-            self.root_calls.append(call)
         local.calls.append((entry, call))
 
     def _module_post(self, root, module, args, output):
@@ -272,8 +273,7 @@ class _Session:
         if call is not None:
             call.s1 = _get_seq()
             if call.parent is None:  # the outermost call is over: its graph is complete
-                self._arm(self.root_calls, output)
-                self.root_calls = []
+                self._arm(call.members, output)
 
     # --- module backward: hooks on the graph's nodes -----------------------------------------------------------
     def _arm(self, calls: List[_Call], output) -> None:
@@ -300,7 +300,15 @@ class _Session:
             nexts = [n for n, _ in node.next_functions if n is not None]
             nseq = [n._sequence_nr() for n in nexts]
             chain = _chain(innermost(seq))
-            exits = tuple(c for c in chain if not any(c.s0 <= q < c.s1 for q in nseq))
+            # the calls holding an edge's far end are a prefix of the chain (outermost first): the node is an
+            # exit of every call below the longest such prefix
+            depth = 0
+            for q in nseq:
+                if depth and not chain[depth - 1].s0 <= q < chain[depth - 1].s1:
+                    continue  # held by fewer calls than an edge already seen
+                while depth < len(chain) and chain[depth].s0 <= q < chain[depth].s1:
+                    depth += 1
+            exits = chain[depth:]
             for c in exits:
                 c.exits += 1
             node.register_prehook(functools.partial(self._node_pre, chain))
@@ -309,6 +317,8 @@ class _Session:
             todo.extend(n for n, q in zip(nexts, nseq) if lo <= q < hi)
 
     def _node_pre(self, chain, grad_outputs):
+        if self.closed:  # a graph made inside the annotated loop, run backward after it
+            return
         local = self.marker.local
         task = torch._C._current_graph_task_id()
         if task != local.task:
@@ -337,6 +347,7 @@ class _Session:
         self.marker.flush()
 
     def close(self) -> None:
+        self.closed = True
         for h in self.handles:
             h.remove()
         self.handles = []

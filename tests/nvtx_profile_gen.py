@@ -287,9 +287,11 @@ def generate_step(step, path, *, record_shapes=True, orphan_kernels=2) -> str:
     return write_sqlite(path, *rows)
 
 
-def generate_annotated(model, step, path, *, steps: int = 2, record_shapes=True, orphan_kernels=0) -> str:
+def generate_annotated(model, step, path, *, steps: int = 2, record_shapes=True, orphan_kernels=0,
+                       emit_nvtx=True) -> str:
     """A profile of ``steps`` calls of ``step()`` (a training step of ``model``) inside
-    ``flopcount.nvtx.annotate(model)``: steps, phases and modules marked around the emit_nvtx ranges."""
+    ``flopcount.nvtx.annotate(model)``: steps, phases and modules marked around the emit_nvtx ranges (left out,
+    kernels kept, with ``emit_nvtx=False``: a loop profiled without emit_nvtx)."""
     from flopcount.nvtx import annotate
 
     def run():
@@ -297,8 +299,11 @@ def generate_annotated(model, step, path, *, steps: int = 2, record_shapes=True,
             for _ in range(steps):
                 step()
 
-    rows = build_rows(record(run), record_shapes=record_shapes, orphan_kernels=orphan_kernels)
-    return write_sqlite(path, *rows)
+    nvtx, runtime, kernels, strings = build_rows(record(run), record_shapes=record_shapes,
+                                                 orphan_kernels=orphan_kernels)
+    if not emit_nvtx:
+        nvtx = [row for row in nvtx if len(row) > 5]
+    return write_sqlite(path, nvtx, runtime, kernels, strings)
 
 
 def main(argv=None):

@@ -27,7 +27,7 @@ from ..report import COUNTED, UNCOUNTED, ZERO, FlopReport
 from . import markers
 from .flops import POOL_NOTE, SCALE_NOTE, Context, derive
 from .ranges import ancestors_fill, innermost, nest, subtree_sum
-from .nsys import Profile, load
+from .nsys import Profile, ProfileError, load
 
 NO_SHAPES = ("this profile was recorded without record_shapes: FLOPs cannot be derived from its markers "
              "(capture with emit_nvtx(record_shapes=True)); GPU time per op follows")
@@ -112,6 +112,9 @@ def analyze(path_or_profile, naive: bool = False) -> Analysis:
     """Analyse an Nsight Systems SQLite export (or a loaded Profile). ``naive`` also shapes the FlopReport:
     with it, the report holds the naive count instead of the de-duplicated one (``ops`` always has both)."""
     prof = path_or_profile if isinstance(path_or_profile, Profile) else load(path_or_profile)
+    if prof.ranges.empty:  # the file has only flopcount.nvtx's ranges: nothing marks an op
+        raise ProfileError(f"{prof.path}: no emit_nvtx markers, only the ranges of flopcount.nvtx.annotate: read them "
+                           "with --by step|phase|module (profiles.annotations)")
     r = nest(prof.ranges)  # the reader already split each marker into name, seq, op_id and sizes
     name = r["name"].to_numpy(object)
     seq = r["seq"].to_numpy(np.int64)

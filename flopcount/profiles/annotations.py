@@ -253,9 +253,13 @@ def _charge(lanes: pd.DataFrame, lane, times, column: str, default):
 
 
 def read(profile, analysis=None, domain: str = DOMAIN) -> Annotations:
-    """The annotator's ranges of ``profile`` (a path or a loaded ``nsys.Profile``) with the kernels charged to
-    them; with ``analysis`` (``analyze(profile)``, from the same file) the ops' FLOPs as well."""
+    """The annotator's ranges of ``profile`` (a path or a loaded ``nsys.Profile``) with the kernels and the ops'
+    FLOPs charged to them; ``analysis`` is ``analyze(profile)`` where the caller has it already."""
     prof = profile if isinstance(profile, nsys.Profile) else nsys.load(profile)
+    if analysis is None and len(prof.ranges):
+        from .analyze import analyze
+
+        analysis = analyze(prof)
     rng = read_ranges(prof.path, domain)
     parsed = [parse_text(t) for t in rng["text"]]
     rng["kind"] = [p[0] for p in parsed]
@@ -309,11 +313,8 @@ def read(profile, analysis=None, domain: str = DOMAIN) -> Annotations:
 def load(path, domain: str = DOMAIN) -> Annotations:
     """Read ``path`` once: its kernels, its emit_nvtx ops (where it has any) and the annotator's ranges.
     Raises ProfileError where the file holds none of the annotator's ranges."""
-    from .analyze import analyze
-
     prof = nsys.load(path)
-    analysis = analyze(prof) if len(prof.ranges) else None
-    ann = read(prof, analysis, domain)
+    ann = read(prof, domain=domain)
     if ann.ranges.empty:
         raise nsys.ProfileError(f"{prof.path}: no ranges of the NVTX domain {domain!r}: mark the training loop with "
                                 "flopcount.nvtx.annotate (see README, 'Annotating your own loop')")
