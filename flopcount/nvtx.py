@@ -21,7 +21,9 @@ The ranges, all push/pop ranges of registered strings in the domain, so that the
 * ``forward: PATH`` and ``backward: PATH`` for every module call, PATH dotted from the root (``layer1.0.conv1``),
   the root itself as ``[ClassName]``. A module's backward runs from the first of its autograd nodes to start to
   the next node after its last one (so the engine's gradient accumulation after a node stays with its module,
-  where the dispatch counter puts it), on the thread that runs the backward: the device's thread on a GPU.
+  where the dispatch counter puts it; the model's own range ends with its last node), on the thread that runs
+  the backward: the device's thread on a GPU. A module's nodes are the autograd nodes its call made: the
+  sequence numbers autograd gave out between its forward pre and post hooks.
 
 Why the autograd graph and not ``register_full_backward_hook``: full backward hooks pass a module's outputs through
 an identity Function, and an in-place op on such an output (``ReLU(inplace=True)`` after a batch norm in every
@@ -335,10 +337,12 @@ class _Session:
         for c in reversed(exits):
             c.left -= 1
             if c.left == 0:
-                self.marker.end(c.entry, now=False)
+                # the outermost call ends the model's backward at once, on the thread that ran it, without
+                # waiting for the engine's final callback (which need not run on this thread)
+                self.marker.end(c.entry, now=c.parent is None)
 
     def _backward_done(self):
-        # runs on the thread that ran the last node; a module whose nodes did not all run ends here as well
+        # a module whose nodes did not all run (backward(inputs=...)) ends here
         local = self.marker.local
         for c in local.backward_open:
             self.marker.end(c.entry, now=False)

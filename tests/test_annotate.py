@@ -163,6 +163,22 @@ def test_in_place_relu_after_batch_norm_runs(tmp_path):
     assert set(calls) == {name for name, _ in model.named_modules()}
 
 
+def test_backward_on_another_thread_gets_its_module_ranges_there():
+    """As on a GPU, where the engine's device thread runs the backward: module ranges on that thread, nested."""
+    model, x, y = _setup()
+    rec = Recorder()
+    with annotate(model, domain=rec):
+        loss = F.cross_entropy(model(x), y)
+        worker = threading.Thread(target=loss.backward)
+        worker.start()
+        worker.join()
+    trees = forest(rec.events)
+    assert set(trees) == {threading.get_ident(), worker.ident}
+    (root,) = trees[worker.ident]
+    assert root.text == "backward: [SmallCNN]"
+    assert sorted(parse_text(r.text)[1] for r in walk([root])) == sorted(n for n, _ in model.named_modules())
+
+
 def test_decorated_step_function_is_one_step_per_call():
     model, x, y = _setup()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

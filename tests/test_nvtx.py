@@ -159,6 +159,14 @@ def test_capture_runs_the_step_module_then_exports(monkeypatch):
     assert export[-2:] == ["r18.sqlite", "r18.nsys-rep"]
 
 
+def test_capture_command_records_the_steps_asked(monkeypatch, capsys):
+    nsys = _Nsys((0, "", ""), (0, "", ""))
+    _fake_machine(monkeypatch, nsys)
+    assert cli(["capture", "resnet18", "--batch", "2", "--steps", "4", "--out", "r"]) == 0
+    assert nsys.commands[0][-1] == "4" and capsys.readouterr().out.strip() == "r.sqlite"
+    assert cli(["capture", "resnet18", "--steps", "0"]) == 2
+
+
 def test_capture_reports_the_failed_step_in_one_line(monkeypatch):
     # nsys exits 0 although its application failed: the child's own line says what went wrong
     noise = "Collecting data...\n"
