@@ -92,11 +92,11 @@ def main(argv=None) -> int:
         step()
 
     loops = [("annotator active (ranges dropped)", DroppingDomain())]
-    try:
-        import nvtx  # noqa: F401
+    import importlib.util
 
+    if importlib.util.find_spec("nvtx") is not None:
         loops.insert(0, ("no profiler attached (nvtx no-op domain)", "flopcount"))
-    except ImportError:
+    else:
         print("no profiler attached: skipped, the nvtx package is not installed (pip install \"flopcount[nvtx]\")")
     print(f"resnet18 training step (SGD), batch {args.batch}, 3x{args.size}x{args.size}, CPU threads="
           f"{torch.get_num_threads()}; {args.rounds} pairs of rounds x {args.steps} steps")

@@ -58,7 +58,8 @@ def _import_nvtx():
     try:
         import nvtx
     except ImportError:
-        raise FlopcountError('the nvtx package is not installed; install it with: pip install "flopcount[nvtx]"') from None
+        raise FlopcountError('the nvtx package is not installed; install it with: pip install "flopcount[nvtx]"'
+                             ) from None
     return nvtx
 
 

@@ -147,7 +147,7 @@ def test_the_loop_is_left_as_it_was():
     assert not _global_optimizer_pre_hooks and not _global_optimizer_post_hooks
 
 
-def test_in_place_relu_after_batch_norm_runs(tmp_path):
+def test_in_place_relu_after_batch_norm_runs():
     """resnet18: full backward hooks would raise on its in-place ReLU; the graph hooks see every module."""
     tv = pytest.importorskip("torchvision")
     torch.manual_seed(0)

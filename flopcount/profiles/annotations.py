@@ -42,8 +42,8 @@ def _enum(con, path) -> dict:
     ids = {"push": push, "start_end": start_end, "domain": (_DOMAIN_CREATE,)}
     rows = nsys._query(con, "SELECT name FROM sqlite_master WHERE type='table' AND name='ENUM_NSYS_EVENT_TYPE'", path)
     if rows:
-        found = [i for i, in nsys._query(con, "SELECT id FROM ENUM_NSYS_EVENT_TYPE WHERE name='NvtxDomainCreate'", path)]
-        ids["domain"] = tuple(found) or ids["domain"]
+        found = nsys._query(con, "SELECT id FROM ENUM_NSYS_EVENT_TYPE WHERE name='NvtxDomainCreate'", path)
+        ids["domain"] = tuple(i for i, in found) or ids["domain"]
     return ids
 
 
@@ -207,7 +207,8 @@ class Annotations:
         k = in_pass(self.kernels)
         # the model's order: modules as their forward first began; the root first
         first = fwd.groupby("name")["start"].min().sort_values(kind="stable")
-        names = [""] + [n for n in first.index if n] + sorted((set(m["name"]) | set(k["module"])) - set(first.index) - {""})
+        rest = (set(m["name"]) | set(k["module"])) - set(first.index) - {""}
+        names = [""] + [n for n in first.index if n] + sorted(rest)
         t = pd.DataFrame(index=pd.Index(names, name="module"))
         t["calls"] = _exact(fwd.groupby("name").size().reindex(t.index).fillna(0), self.steps)
         if self.ops is not None:
