@@ -21,13 +21,21 @@ __all__ = [
 
 
 def count(model, inputs, *, estimator: str = "dispatch", backward: bool = True, loss_fn: Optional[Callable] = None,
-          device: str = "meta", **options) -> FlopReport:
-    """FLOPs of one training step of ``model`` on ``inputs`` (forward, and backward unless ``backward=False``).
+          device: str = "meta", optimizer=None, model_name: str = "", **options) -> FlopReport:
+    """FLOPs of one training step of ``model`` on ``inputs`` (forward, and backward unless ``backward=False``;
+    the optimizer's step too when an ``optimizer`` is given).
 
-    By default the step runs on meta tensors: nothing is computed and no activation memory is used.
+    By default the step runs on meta tensors: nothing is computed and no activation memory is used. An estimator
+    that has to run the model (the peers) runs it on its own device instead; any other ``device`` is a demand.
+    An option the estimator cannot honour (a device it does not run on, a ``loss_fn`` it never runs, an
+    optimizer it cannot see), or an unknown option, raises ``EstimatorError``: nothing is silently ignored.
     """
+    from .estimators.base import make_request, run
+
     est = get_estimator(estimator)
-    return est.estimate(model, inputs, backward=backward, loss_fn=loss_fn, device=device, **options)
+    request = make_request(model, inputs, backward=backward, loss_fn=loss_fn, device=device, optimizer=optimizer,
+                           model_name=model_name, **options)
+    return run(est, request)
 
 
 def register_formula(*ops: str, family: str = "custom"):

@@ -17,7 +17,7 @@ import pandas as pd
 
 from . import formulas
 from .errors import FlopcountError
-from .estimators.base import EstimatorError, get_estimator, resolve_names
+from .estimators.base import EstimatorError, Request, get_estimator, make_request, resolve_names, run
 from .report import PHASES, UNCOUNTED, FlopReport
 
 REFERENCE = "dispatch"
@@ -116,14 +116,15 @@ def _relative(est: float, ref: float) -> float:
 
 
 def _reason(name: str, kind: str, phase: str, est: float, ref: float, uncounted: str, ref_uncounted: str,
-            report: FlopReport) -> str:
+            report: FlopReport, assumed: tuple) -> str:
     """Why estimator ``name`` differs from dispatch on this row, in words."""
     if est is None or (isinstance(est, float) and math.isnan(est)):
         return f"{name}: does not see the {phase} phase"
     ratio = est / ref if ref else float("inf")
     r = f"{ratio:.3g}x dispatch" if ref else "dispatch counts 0"
-    if phase == "backward" and any("2 x forward" in n for n in report.notes):
-        return f"{name}: backward assumed 2 x forward, not counted ({r})"
+    if phase in assumed:
+        rule = next((n for n in report.notes if phase in n and "assum" in n), f"{phase} assumed, not counted")
+        return f"{name}: {rule} ({r})"
     if ref == 0:
         why = f"dispatch has no formula for {ref_uncounted}" if ref_uncounted else "dispatch counts these ops as 0"
         return f"{name}: counts {est:,.0f} where {why}"
@@ -137,8 +138,10 @@ def _reason(name: str, kind: str, phase: str, est: float, ref: float, uncounted:
         return f"{name}: bias add counted as a multiply-add, 2 FLOPs per output element where dispatch counts 1 ({r})"
     if kind == "attention" and ratio > 1 and name.startswith("ptflops"):
         return f"{name}: counts nn.MultiheadAttention as one op, input and output projections included ({r})"
-    if abs(ratio - 2) < 0.05:
-        return f"{name}: MAC vs FLOP: counts one per element, which the x2 MAC conversion doubles ({r})"
+    macs = report.meta.get("native_unit") == "MAC"
+    if macs and abs(ratio - 2) < 0.05:
+        return f"{name}: MAC vs FLOP: its native count of these ops is operations, not multiply-adds, and the x2 MAC " \
+               f"conversion doubles it ({r})"
     if abs(ratio - 0.5) < 0.025:
         return f"{name}: counts one operation per element or multiply-add where dispatch counts two ({r})"
     if est < ref and ref_uncounted == "" and kind in ("norm", "activation", "pool", "elementwise", "softmax"):
@@ -151,14 +154,19 @@ def compare(model, inputs, estimators: Union[str, Sequence[str]] = (REFERENCE, "
     """One row per (op kind, phase), one column of FLOPs per estimator (NaN: phase not covered), ``rel:<name>``
     columns with each estimator's relative difference from dispatch, ``uncounted`` (ops each estimator saw and could
     not count) and ``reason`` (why a row differs by more than 1%). Rows ``(total)`` per phase close the table; an
-    estimator that failed on this model gets an ``(error)`` row and the others go on.
+    estimator that failed on this model, or cannot honour the step asked for, gets an ``(error)`` row and the
+    others go on.
 
-    ``frame.attrs`` holds ``errors`` (name -> message), ``phases`` (name -> phases covered), ``native`` (name ->
-    native total per phase), ``notes`` and ``model``. Options (e.g. ``device``) go to the dispatch estimator.
+    ``options`` are the step's, as for ``count`` (``backward``, ``loss_fn``, ``optimizer``, ``device``): one
+    request is built from them and every estimator answers that same request. ``frame.attrs`` holds ``errors``
+    (name -> message), ``phases`` (name -> phases covered), ``native`` (name -> native total per phase),
+    ``notes`` and ``model``.
     """
+    request = make_request(model, inputs, model_name=model_name, **options)
     names = _names(estimators)
     module_types = {n: type(m).__name__ for n, m in model.named_modules()}
     reports: Dict[str, FlopReport] = {}
+    assumed: Dict[str, tuple] = {}
     errors: Dict[str, str] = {}
     cache: Dict[str, FlopReport] = {}
     iterator: Iterable[str] = names
@@ -173,10 +181,7 @@ def compare(model, inputs, estimators: Union[str, Sequence[str]] = (REFERENCE, "
             if key is not None and key in cache:
                 rep = cache[key]
             else:
-                if name == REFERENCE:
-                    rep = _reference(est, model, inputs, options)
-                else:
-                    rep = est.estimate(model, inputs)
+                rep = _reference(est, request) if name == REFERENCE else run(est, request)
                 if key is not None:
                     cache[key] = rep
         except Exception as exc:
@@ -188,6 +193,7 @@ def compare(model, inputs, estimators: Union[str, Sequence[str]] = (REFERENCE, "
             errors[name] = msg if isinstance(exc, FlopcountError) else f"{type(exc).__name__}: {msg}"
             continue
         reports[name] = rep
+        assumed[name] = tuple(est.capabilities.assumed)
 
     kinds = {n: _kinds(r, module_types) for n, r in reports.items()}
     flops = {n: f.groupby(["kind", "phase"])["flops"].sum() for n, f in kinds.items()}
@@ -208,9 +214,9 @@ def compare(model, inputs, estimators: Union[str, Sequence[str]] = (REFERENCE, "
 
     rows = []
     for kind, phase in keys:
-        rows.append(_row(kind, phase, reports, flops, unc, lambda n: flops[n].get((kind, phase), 0)))
+        rows.append(_row(kind, phase, reports, assumed, flops, unc, lambda n: flops[n].get((kind, phase), 0)))
     for phase in phases:
-        rows.append(_row(TOTAL, phase, reports, flops, unc,
+        rows.append(_row(TOTAL, phase, reports, assumed, flops, unc,
                          lambda n, phase=phase: flops[n].xs(phase, level="phase").sum() if phase in
                          flops[n].index.get_level_values("phase") else 0))
     for name, msg in errors.items():
@@ -223,7 +229,7 @@ def compare(model, inputs, estimators: Union[str, Sequence[str]] = (REFERENCE, "
     frame["uncounted"] = frame["uncounted"].fillna("")
     frame["reason"] = frame["reason"].fillna("")
     frame.attrs.update({
-        "model": model_name or type(model).__name__,
+        "model": request.label,
         "estimators": names,
         "errors": errors,
         "phases": {n: list(r.phases) for n, r in reports.items()},
@@ -234,16 +240,16 @@ def compare(model, inputs, estimators: Union[str, Sequence[str]] = (REFERENCE, "
     return frame
 
 
-def _reference(est, model, inputs, options) -> FlopReport:
+def _reference(est, request: Request) -> FlopReport:
     """Dispatch on meta tensors; a model that needs real values (``.item()``, data-dependent branches) is counted
-    on the CPU instead, with a note, when its weights are real."""
+    on the CPU instead, with a note, when its weights are real and no device was asked for."""
     try:
-        return est.estimate(model, inputs, **options)
+        return run(est, request)
     except Exception:
-        real = all(p.device.type != "meta" for p in model.parameters())
-        if options.get("device", "meta") != "meta" or not real:
+        real = all(p.device.type != "meta" for p in request.model.parameters())
+        if request.device is not None or not real:
             raise
-    rep = est.estimate(model, inputs, **{**options, "device": "cpu"})
+    rep = run(est, request.replace(device="cpu"))
     rep.notes.append("counted on cpu: the model cannot run on meta tensors")
     return rep
 
@@ -257,7 +263,7 @@ def _native(report: FlopReport) -> dict:
     return {p: int(report.frame.loc[report.frame["phase"] == p, col].sum()) for p in report.phases}
 
 
-def _row(kind, phase, reports, flops, unc, value) -> dict:
+def _row(kind, phase, reports, assumed, flops, unc, value) -> dict:
     row = {"op": kind, "phase": phase}
     ref = float(value(REFERENCE))
     reasons, gaps = [], []
@@ -278,7 +284,7 @@ def _row(kind, phase, reports, flops, unc, value) -> dict:
         row[f"rel:{n}"] = rel
         if kind != TOTAL and (math.isnan(rel) or abs(rel) > TOLERANCE):
             reasons.append(_reason(n, kind, phase, row[n], ref, ", ".join(unc[n].get((kind, phase), [])),
-                                   ", ".join(unc[REFERENCE].get((kind, phase), [])), rep))
+                                   ", ".join(unc[REFERENCE].get((kind, phase), [])), rep, assumed[n]))
         elif kind == TOTAL and (math.isnan(rel) or abs(rel) > TOLERANCE):
             reasons.append(f"{n}: does not see the {phase} phase" if math.isnan(rel) else f"{n}: see the rows above")
     row["uncounted"] = "; ".join(gaps)

@@ -82,10 +82,13 @@ def build(spec: str, *, batch: int = 1, input_shape=None, num_classes: Optional[
     model, name = load_model(spec, num_classes=num_classes, device=device)
     if dtype is not None:
         model = model.to(dtype)
-    inputs = example_inputs(model, name, batch=batch, input_shape=input_shape, device=device,
-                            dtype=dtype or torch.float32)
-    if random:
-        inputs = random_on(inputs, device, generator=torch.Generator().manual_seed(0))
+    from .timing import oom_as_error
+
+    with oom_as_error(f"making a batch of {batch} inputs for {name}"):
+        inputs = example_inputs(model, name, batch=batch, input_shape=input_shape, device=device,
+                                dtype=dtype or torch.float32)
+        if random:
+            inputs = random_on(inputs, device, generator=torch.Generator().manual_seed(0))
     return model, inputs, name
 
 

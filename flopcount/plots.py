@@ -2,6 +2,8 @@
 (extra `plot`), and every function writes a PNG to the path it is given and returns that path."""
 from __future__ import annotations
 
+import os
+
 from .errors import FlopcountError
 
 
@@ -17,9 +19,24 @@ def _pyplot():
 
 
 def _save(fig, path: str, plt, dpi: int = 100) -> str:
-    fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
+    """Render the figure, then write it with ``report.atomic_write``: never through a symlink planted at ``path``
+    (savefig would follow it and overwrite whatever it points to), never half a file; a path that cannot be
+    written is one ``FlopcountError`` line."""
+    import io
+
+    from .report import atomic_write
+
+    path = os.fspath(path)
+    try:
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, dpi=dpi, format=os.path.splitext(path)[1][1:].lower() or "png")
+    finally:
+        plt.close(fig)
+    try:
+        atomic_write(path, buf.getvalue())
+    except OSError as exc:
+        raise FlopcountError(f"cannot write the figure {path}: {exc.strerror or exc}") from None
     return path
 
 

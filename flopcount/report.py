@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import numbers
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -17,6 +18,12 @@ COUNTED, ZERO, UNCOUNTED = "counted", "zero", "uncounted"
 COLUMNS = ["module", "op", "phase", "dtype", "family", "status", "flops", "bytes", "calls"]
 _INT_COLUMNS = ("flops", "bytes", "calls")
 
+# The pseudo-child of a module in the module tree that holds the work (and parameters) of the module itself,
+# outside its submodules: a residual add, a loss, a class token. It makes every parent the exact sum of its rows.
+OWN = "(own)"
+# Metadata kept on the report but left out of ``to_dict``: the JSON document is a published contract.
+_NOT_SERIALIZED = ("params",)
+
 
 @dataclass
 class FlopReport:
@@ -24,6 +31,8 @@ class FlopReport:
 
     ``phases`` lists the phases this estimator can see; a phase it cannot see is absent from ``phases``
     (never reported as 0). ``notes`` carry what the reader must know (e.g. "backward = 2 x forward").
+    ``meta["params"]``, where the estimator knows the model: module path -> parameters that module owns
+    directly (every module, in ``named_modules`` order), from which ``by("module", depth=...)`` builds its tree.
     """
 
     frame: pd.DataFrame
@@ -75,10 +84,18 @@ class FlopReport:
         f = self.frame[self.frame["status"] == UNCOUNTED]
         return {op: int(n) for op, n in f.groupby("op")["calls"].sum().items()}
 
-    def by(self, key: str = "op") -> pd.DataFrame:
-        """FLOPs, bytes and calls grouped by ``op``, ``module``, ``phase`` or ``family``, one column per phase."""
+    def by(self, key: str = "op", depth: Optional[int] = None) -> pd.DataFrame:
+        """FLOPs, bytes and calls grouped by ``op``, ``module``, ``phase`` or ``family``, one column per phase.
+
+        ``by("module")`` is flat: one row per module path, its own ops only, largest first. With ``depth``, it is
+        the module tree instead (see ``module_tree``).
+        """
         if key not in ("op", "module", "phase", "family"):
             raise ValueError(f"cannot group by {key!r}; use op, module, phase or family")
+        if depth is not None:
+            if key != "module":
+                raise ValueError("depth applies to by('module') only")
+            return self.module_tree(depth)
         f = self.frame
         if key == "phase":
             g = f.groupby("phase", sort=False)[["flops", "bytes", "calls"]].sum()
@@ -90,6 +107,61 @@ class FlopReport:
         g["calls"] = f.groupby(key)["calls"].sum()
         g.columns.name = None
         return g.sort_values("total", ascending=False, kind="stable")
+
+    def module_tree(self, depth: int = 2) -> pd.DataFrame:
+        """The modules down to ``depth`` (the root is depth 0, ``layer1`` 1, ``layer1.0`` 2), in model order.
+
+        Each row sums its module's whole subtree: columns ``depth``, ``params``, one per phase, ``total``,
+        ``bytes``, ``calls``. A module shown with its children gets a last child ``PATH.(own)`` (``(own)`` under
+        the root) for what it does and owns outside them, where that is not nothing; so every row is exactly
+        the sum of the rows one level below it. ``params`` is <NA> where the estimator recorded no parameters.
+        """
+        if isinstance(depth, bool) or not isinstance(depth, numbers.Integral) or depth < 0:
+            raise ValueError(f"depth must be an integer >= 0, not {depth!r}")
+        flat = self.by("module")
+        phases = [p for p in PHASES if p in flat.columns]
+        values = phases + ["total", "bytes", "calls"]
+        known = self.meta.get("params")
+        owned = dict(known) if known is not None else {}
+        paths = list(owned) + [m for m in flat.index if m not in owned]
+
+        order: Dict[str, int] = {}
+        for p in paths:  # every ancestor of a path is a node, in first-seen order
+            for a in _ancestors(p):
+                order.setdefault(a, len(order))
+        children: Dict[str, list] = {}
+        for p in order:
+            if p:
+                children.setdefault(_parent(p), []).append(p)
+
+        own = {p: dict(flat.loc[p, values]) if p in flat.index else dict.fromkeys(values, 0) for p in order}
+        for p in order:
+            own[p]["params"] = owned.get(p, 0)
+        subtree = {p: dict.fromkeys(values + ["params"], 0) for p in order}
+        for p in order:
+            for a in _ancestors(p):
+                for k, v in own[p].items():
+                    subtree[a][k] += v
+
+        rows, index = [], []
+
+        def visit(p: str) -> None:
+            d = _depth(p)
+            index.append(p)
+            rows.append(dict(subtree[p], depth=d))
+            kids = children.get(p, []) if d < int(depth) else []
+            for c in kids:
+                visit(c)
+            if kids and any(own[p].values()):
+                index.append(f"{p}.{OWN}" if p else OWN)
+                rows.append(dict(own[p], depth=d + 1))
+
+        visit("")  # recursion is as deep as the model's nesting, not its size
+        tree = pd.DataFrame(rows, index=pd.Index(index, name="module"))
+        tree = tree[["depth", "params"] + values].astype("int64")
+        if known is None:
+            tree["params"] = pd.array([pd.NA] * len(tree), dtype="Int64")
+        return tree
 
     # --- output -------------------------------------------------------------------------------------------
     def summary(self) -> dict:
@@ -109,7 +181,7 @@ class FlopReport:
     def to_dict(self) -> dict:
         d = self.summary()
         d["ops"] = json.loads(self.frame.to_json(orient="records"))
-        d.update({k: v for k, v in self.meta.items() if k not in d})
+        d.update({k: v for k, v in self.meta.items() if k not in d and k not in _NOT_SERIALIZED})
         return d
 
     def to_json(self, path: Optional[str] = None, indent: Optional[int] = None) -> str:
@@ -129,15 +201,30 @@ class FlopReport:
         return f"FlopReport({self.model or '?'}, batch={self.batch_size}, {self.estimator}: {phases})"
 
 
-def atomic_write(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` so that a reader never sees half a file and a crash loses nothing old."""
+def _depth(path: str) -> int:
+    return path.count(".") + 1 if path else 0
+
+
+def _parent(path: str) -> str:
+    return path.rpartition(".")[0]
+
+
+def _ancestors(path: str) -> list:
+    """The root, each enclosing module and the path itself: ``a.b`` -> ["", "a", "a.b"]."""
+    parts = path.split(".") if path else []
+    return [".".join(parts[:i]) for i in range(len(parts) + 1)]
+
+
+def atomic_write(path: str, data) -> None:
+    """Write ``data`` (text or bytes) to ``path`` so that a reader never sees half a file and a crash loses nothing
+    old. The file is replaced, never written through: a symlink at ``path`` is replaced, not followed."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
     try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as fh:
+            fh.write(data)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; the result is an ordinary file

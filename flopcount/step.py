@@ -72,6 +72,17 @@ def first_sample(x):
     return tree_map(lambda t: t[:1] if isinstance(t, torch.Tensor) and t.dim() > 0 else t, x)
 
 
+def tokens_of(inputs) -> int:
+    """Tokens in a batch of a language model: the elements of its token ids (``input_ids`` of a dict, else the
+    first 2-d integer tensor: batch x sequence); 0 for any other input."""
+    if isinstance(inputs, dict) and isinstance(inputs.get("input_ids"), torch.Tensor):
+        return int(inputs["input_ids"].numel())
+    for t in _tensors(inputs):
+        if t.dim() == 2 and not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool):
+            return int(t.numel())
+    return 0
+
+
 def signature(x) -> tuple:
     """(shape, dtype) of every tensor in ``x``: two batches with the same signature cost the same FLOPs."""
     return tuple((tuple(t.shape), str(t.dtype)) for t in _tensors(x))

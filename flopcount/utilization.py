@@ -58,6 +58,16 @@ class Utilization:
     samples_per_second: float = 0.0
     times: List[float] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
+    # Model FLOPs (forward + backward + optimizer) against hardware FLOPs (those plus the forward ops that
+    # activation checkpointing re-runs in backward): MFU as in PaLM, HFU as in Megatron-LM. ``utilization`` is
+    # the HFU: what the device executed.
+    model_flops_per_step: float = 0.0
+    mfu: float = 0.0
+    hfu: float = 0.0
+    tokens_per_step: Optional[float] = None
+    tokens_per_second: Optional[float] = None
+    model_flops_per_token: Optional[float] = None
+    hardware_flops_per_token: Optional[float] = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -114,8 +124,10 @@ class _Tally:
     nbytes: float = 0.0
     mix: Dict[str, float] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
+    tokens: float = 0.0
 
-    def add(self, report: FlopReport, tf32, weight: float = 1.0) -> None:
+    def add(self, report: FlopReport, tf32, weight: float = 1.0, tokens: int = 0) -> None:
+        self.tokens += weight * tokens
         for p in report.phases:
             self.phases[p] = self.phases.get(p, 0.0) + weight * report.total(p)
         self.nbytes += weight * report.total_bytes()
@@ -158,7 +170,7 @@ def utilization(model, batch, *, device=None, dtype=None, steps: int = 5, warmup
     if target is not None and scope == "one":
         target = steps_.first_sample(target)
     tally = _Tally()
-    tally.add(setup.count(inputs, target), setup.tf32)
+    tally.add(setup.count(inputs, target), setup.tf32, tokens=steps_.tokens_of(inputs))
     # the peak is settled before any timing: an unknown device fails in a second, not after a minute of steps
     devices.resolve_peak(tally.mix, device=setup.dev, peak=peak, device_spec=device_spec)
     run = steps_.train_step_fn(model, loss=steps_.make_loss(loss_fn, target), optimizer=setup.optimizer)
@@ -228,7 +240,7 @@ def _epoch(setup: _Setup, batch, loader) -> Utilization:
             if setup.autocast is not None:  # counted on the device itself: stand-in values there
                 inputs, target = steps_.random_on(inputs, setup.dev), steps_.random_on(target, setup.dev)
             counted[key] = setup.count(inputs, target)
-        tally.add(counted[key], setup.tf32, weight=1.0 / n)
+        tally.add(counted[key], setup.tf32, weight=1.0 / n, tokens=steps_.tokens_of(inputs))
     tally.notes.append(f"epoch: {n} steps, {samples} samples in {seconds:.4g} s (loading and transfer included)")
     return _finish(setup, tally, Measurement([seconds / n], warmup=setup.warmup, clock="epoch / steps"),
                    batch_size=round(samples / n), scope="epoch", steps=n, epoch=True)
@@ -245,17 +257,19 @@ def _finish(setup: _Setup, tally: _Tally, timed: Measurement, *, batch_size: int
         tally.notes.append(f"the step beat the cached CPU peak ({peak_flops:.4g} FLOP/s): peak measured again")
         peak_flops, source, spec = devices.resolve_peak(tally.mix, device=setup.dev)
 
-    names = [p for p in ("forward", "backward", "optimizer") if p in tally.phases]
+    names = [p for p in ("forward", "backward", "recompute", "optimizer") if p in tally.phases]
     bandwidth = spec.bandwidth if spec is not None and spec.bandwidth else 0.0
     precs = devices.PRECISIONS  # a fixed order, so that every rank's list lines up
-    head = [tally.phases[p] for p in names] + [tally.nbytes, peak_flops, bandwidth, float(batch_size), 1.0]
+    head = [tally.phases[p] for p in names] + [tally.nbytes, peak_flops, bandwidth, float(batch_size), 1.0,
+                                               tally.tokens]
     sums = distributed.reduce(head + [float(tally.mix.get(p, 0.0)) for p in precs], "sum")
     mix = {p: v for p, v in zip(precs, sums[len(head):]) if v}
     phases = dict(zip(names, sums[:len(names)]))
-    nbytes, peak_flops, bandwidth, total_batch, ranks = sums[len(names):len(head)]
+    nbytes, peak_flops, bandwidth, total_batch, ranks, tokens = sums[len(names):len(head)]
     seconds, spread = distributed.reduce([timed.median, timed.iqr], "max")
     ranks = int(round(ranks))
     flops = sum(phases.values())
+    model_flops = flops - phases.get("recompute", 0.0)
     notes = list(tally.notes)
     if seconds <= 0:
         raise UtilizationError("the measured step took no time; the clock cannot resolve it (use more steps)")
@@ -277,6 +291,10 @@ def _finish(setup: _Setup, tally: _Tally, timed: Measurement, *, batch_size: int
         scope=scope, model=setup.model_name or type(steps_.unwrap(setup.model)).__name__, precision_mix=mix,
         steps=steps if steps is not None else timed.runs, warmup=setup.warmup,
         samples_per_second=total_batch / seconds, times=[seconds] if epoch else list(timed.times), notes=notes,
+        model_flops_per_step=model_flops, mfu=model_flops / seconds / peak_flops, hfu=achieved / peak_flops,
+        tokens_per_step=tokens or None, tokens_per_second=tokens / seconds if tokens else None,
+        model_flops_per_token=model_flops / tokens if tokens else None,
+        hardware_flops_per_token=flops / tokens if tokens else None,
     )
 
 

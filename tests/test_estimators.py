@@ -1,4 +1,5 @@
-"""The peer estimators (fvcore/theory, ptflops, ptflops-aten, pthflops, profiler) against hand-computed counts."""
+"""The peer estimators (fvcore/theory, ptflops, ptflops-aten, pthflops, profiler) against hand-computed counts, and
+the request/capabilities protocol: what each estimator cannot honour raises instead of being ignored."""
 import sys
 
 import pytest
@@ -7,7 +8,9 @@ from torch import nn
 
 import flopcount
 from flopcount.errors import FlopcountError
-from flopcount.estimators.base import EstimatorError, available
+from flopcount.estimators import Capabilities, Request, get_estimator, run
+from flopcount.estimators.base import _REGISTERED, EstimatorError, available
+from flopcount.report import FlopReport
 
 PEERS = ("fvcore", "theory", "ptflops", "ptflops-aten", "pthflops", "profiler")
 
@@ -132,3 +135,133 @@ def test_pthflops_untraceable_model_is_estimator_error():
 
     with pytest.raises(EstimatorError, match="pthflops failed"):
         flopcount.count(Branchy(), torch.randn(2, 4), estimator="pthflops")
+
+
+# --- the request and the capabilities ---------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ("fvcore", "theory"))
+def test_assumed_backward_is_left_out_without_backward(name):
+    rep = flopcount.count(tiny(), x(), estimator=name, backward=False)
+    assert rep.phases == ("forward",) and not rep.covers("backward")
+    assert set(rep.frame["phase"]) == {"forward"}
+    assert rep.total() == rep.total("forward") == 2 * (CONV_MACS + LINEAR_MACS)
+    assert not any("2 x forward" in n for n in rep.notes)
+
+
+def test_declared_capabilities():
+    caps = {name: get_estimator(name).capabilities for name in PEERS + ("dispatch",)}
+    assert caps["dispatch"].phases == ("forward", "backward", "optimizer") and caps["dispatch"].optimizer
+    assert caps["dispatch"].devices[0] == "meta" and not caps["dispatch"].real_weights
+    assert caps["fvcore"].assumed == caps["theory"].assumed == ("backward",)
+    assert caps["fvcore"].seen == ("forward",)
+    for name in ("ptflops", "ptflops-aten", "pthflops"):
+        assert caps[name].phases == ("forward",) and not caps[name].loss_fn
+    assert caps["profiler"].seen == ("forward", "backward") and caps["profiler"].loss_fn
+    for name in PEERS:
+        assert caps[name].devices == ("cpu",) and caps[name].real_weights and not caps[name].optimizer
+
+
+def test_ptflops_aten_on_cuda_is_refused_before_it_runs():
+    with pytest.raises(EstimatorError) as err:
+        flopcount.count(tiny(), x(), estimator="ptflops-aten", device="cuda")
+    assert str(err.value) == "ptflops-aten cannot run on device 'cuda'; it runs on cpu"
+
+
+@pytest.mark.parametrize("name", PEERS)
+def test_no_peer_accepts_a_device_it_does_not_run_on(name):
+    with pytest.raises(EstimatorError, match=f"^{name} cannot run on device 'cuda:1'; it runs on cpu$"):
+        flopcount.count(tiny(), x(), estimator=name, device="cuda:1")
+
+
+def test_meta_default_and_cpu_are_the_same_count_for_a_peer():
+    model, inp = tiny(), x()
+    default = flopcount.count(model, inp, estimator="ptflops-aten")
+    on_cpu = flopcount.count(model, inp, estimator="ptflops-aten", device="cpu")
+    assert default.total() == on_cpu.total() == 2 * (CONV_MACS + LINEAR_MACS)
+
+
+def test_unknown_option_is_an_error_not_ignored():
+    with pytest.raises(EstimatorError, match="unknown option.*dtype.*backward, loss_fn, optimizer, device"):
+        flopcount.count(tiny(), x(), dtype=torch.float16)
+    with pytest.raises(EstimatorError, match="unknown option.*warmup"):
+        flopcount.count(tiny(), x(), estimator="fvcore", warmup=3)
+
+
+@pytest.mark.parametrize("name, why", [
+    ("fvcore", "its backward is assumed from the forward"),
+    ("ptflops", "it sees the forward phase only"),
+    ("ptflops-aten", "it sees the forward phase only"),
+    ("pthflops", "it sees the forward phase only"),
+])
+def test_custom_loss_refused_where_no_loss_is_run(name, why):
+    with pytest.raises(EstimatorError, match=f"^{name} cannot honour loss_fn: {why}"):
+        flopcount.count(tiny(), x(), estimator=name, loss_fn=lambda out: out.sum())
+
+
+def test_profiler_runs_the_custom_loss():
+    # (out * out).sum() on the (2, 10) logits: one aten.mul of 20 elements, 1 FLOP each, in the forward phase
+    rep = flopcount.count(tiny(), x(), estimator="profiler", loss_fn=lambda out: (out * out).sum())
+    f = rep.frame
+    assert int(f[(f["op"] == "aten.mul") & (f["phase"] == "forward")]["flops"].sum()) == 20
+    default = flopcount.count(tiny(), x(), estimator="profiler")
+    assert "aten.mul" not in set(default.frame["op"])
+
+
+def test_loss_and_optimizer_need_backward():
+    opt = torch.optim.SGD(tiny().parameters(), lr=0.1)
+    with pytest.raises(EstimatorError, match="loss_fn= needs backward=True"):
+        flopcount.count(tiny(), x(), backward=False, loss_fn=lambda out: out.sum())
+    with pytest.raises(EstimatorError, match="optimizer= needs backward=True"):
+        flopcount.count(tiny(), x(), backward=False, optimizer=opt)
+
+
+@pytest.mark.parametrize("name", PEERS)
+def test_optimizer_refused_by_the_peers(name):
+    model = tiny()
+    with pytest.raises(EstimatorError, match=f"^{name} cannot count an optimizer step"):
+        flopcount.count(model, x(), estimator=name, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def test_request_validates_itself():
+    with pytest.raises(EstimatorError, match="unknown phase"):
+        Request(tiny(), x(), phases=("forward", "recompute"))
+    with pytest.raises(EstimatorError, match="must include 'forward'"):
+        Request(tiny(), x(), phases=("backward",))
+    with pytest.raises(EstimatorError, match="unknown device 'tpu'"):
+        Request(tiny(), x(), device="tpu")
+    req = Request(tiny(), x(), optimizer=lambda params: torch.optim.SGD(params, lr=0.1))
+    assert req.phases == ("forward", "backward", "optimizer") and req.batch_size == 2 and req.label == "Sequential"
+    with pytest.raises(ValueError):
+        Capabilities(phases=("backward",))
+
+
+class _Leaky:
+    """Reports a backward whether it is asked for or not: the run must refuse its report."""
+
+    name = "leaky"
+    capabilities = Capabilities(phases=("forward", "backward"), assumed=("backward",))
+
+    def estimate(self, request):
+        rows = [dict(module="", op="aten.mm", phase=p, status="counted", flops=1, calls=1)
+                for p in ("forward", "backward")]
+        return FlopReport.from_rows(rows, estimator=self.name, phases=("forward", "backward"))
+
+
+def test_a_phase_not_asked_for_is_never_slipped_in(monkeypatch):
+    monkeypatch.setitem(_REGISTERED, "leaky", _Leaky)
+    assert flopcount.count(tiny(), x(), estimator="leaky").total() == 2
+    with pytest.raises(EstimatorError, match="leaky reported phase.*backward.*not asked"):
+        flopcount.count(tiny(), x(), estimator="leaky", backward=False)
+    with pytest.raises(EstimatorError, match="leaky reported phase"):
+        run(_Leaky(), Request(tiny(), x(), phases=("forward",)))
+
+
+def test_estimator_of_another_protocol_is_refused(monkeypatch):
+    class Old:
+        name, phases = "old", ("forward",)
+
+        def estimate(self, model, inputs, **options):
+            return FlopReport.from_rows([])
+
+    monkeypatch.setitem(_REGISTERED, "old", Old)
+    with pytest.raises(EstimatorError, match="'old' does not follow the flopcount.estimators protocol.*capabilities"):
+        flopcount.count(tiny(), x(), estimator="old")

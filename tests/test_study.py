@@ -6,17 +6,12 @@ import pytest
 import torch
 
 from flopcount import cli, study
+from flopcount.errors import OutOfMemory
 from flopcount.report import FlopReport
 from flopcount.study import QUICK, StudyConfig, run_study
+from flopcount.timing import Measurement
 
 PEAK = 1e6
-
-
-class FakeOOM(Exception):
-    """Named like flopcount.timing.OutOfMemory, as the runner recognises it by name too."""
-
-
-FakeOOM.__name__ = "OutOfMemory"
 
 
 def tiny():
@@ -48,9 +43,9 @@ class FakeBackend:
         rows = []
         for module, fam, fw, bw in (("0", "conv", 100, 100), ("1", "pointwise", 10, 10), ("3", "matmul", 20, 40)):
             rows.append(dict(module=module, op="aten.x", phase="forward", family=fam, status="counted",
-                             flops=fw * batch, bytes=0, calls=1))
+                             dtype="float32", flops=fw * batch, bytes=0, calls=1))
             rows.append(dict(module=module, op="aten.x_backward", phase="backward", family=fam, status="counted",
-                             flops=bw * batch, bytes=0, calls=1))
+                             dtype="float32", flops=bw * batch, bytes=0, calls=1))
         return FlopReport.from_rows(rows, model=name, batch_size=batch), tiny()
 
     def forward_flops(self, estimator, name, batch):
@@ -59,13 +54,15 @@ class FakeBackend:
 
     def step_time(self, name, batch):
         self._call("step", name, batch)
-        return 0.5 * batch, 0.01
+        # median 0.5 s per sample; the inclusive quartiles of three runs 0.01 apart are 0.01 apart too
+        return Measurement([0.5 * batch - 0.01, 0.5 * batch, 0.5 * batch + 0.01])
 
     def epoch_time(self, name, batch, dataset):
         self._call("epoch", name, batch)
         return 0.25 * len(dataset), len(dataset)
 
-    def peak(self):
+    def peak(self, mix, refresh=False):
+        self.mixes = getattr(self, "mixes", []) + [dict(mix)]  # what the study asked a peak for
         return PEAK, "fake"
 
 
@@ -83,7 +80,8 @@ def rows(res):
 
 
 def test_grid_rows_and_hand_computed_utilization(tmp_path):
-    res = run(tmp_path, FakeBackend())
+    backend = FakeBackend()
+    res = run(tmp_path, backend)
     r = rows(res)
     # per model: dispatch + fvcore at 2 batch sizes, one at batch 1, theory/batch/epoch at 2 batch sizes
     assert len(r) == 2 * (2 * 2 + 1 + 2 * 3)
@@ -94,6 +92,10 @@ def test_grid_rows_and_hand_computed_utilization(tmp_path):
     # theory: fvcore forward x 3 over the step time (0.5 s/sample x 4)
     th = r[("m1", 4, "theory")]
     assert th.flops == 3 * 440 and th.seconds == 2.0
+    assert th.seconds_spread == pytest.approx(0.01)  # the interquartile range of the step's timings
+    assert th.peak_flops == PEAK
+    # the peak is asked for the step's precision mix: its matrix work (conv 100 + 100, linear 20 + 40 per sample)
+    assert {"fp32": 260.0 * 4} in backend.mixes and {"fp32": 260.0} in backend.mixes
     assert th.utilization == pytest.approx(1320 / 2.0 / PEAK)
     b = r[("m2", 4, "batch")]
     assert b.flops == 1120 and b.utilization == pytest.approx(1120 / 2.0 / PEAK)
@@ -136,7 +138,7 @@ def test_interrupted_run_resumes_where_it_stopped(tmp_path):
 
 
 def test_out_of_memory_and_error_are_recorded_and_the_rest_completes(tmp_path):
-    fail = {("step", "m1", 4): FakeOOM("CUDA out of memory at batch 4"),
+    fail = {("step", "m1", 4): OutOfMemory("CUDA out of memory at batch 4"),
             ("count", "m2", 4): ValueError("formula blew up\nsecond line")}
     res = run(tmp_path, FakeBackend(fail=fail))
     r = rows(res)
@@ -262,7 +264,8 @@ def test_unknown_model_fails_before_anything_is_written(tmp_path, capsys):
 
 class ProfilingBackend(FakeBackend):
     """A GPU machine with nsys: the NVTX estimator records one profile per (model, batch) and counts it twice.
-    Per sample the de-duplicated count equals dispatch (130 forward, 150 backward); the naive one counts the
+    Per sample the de-duplicated count is set 4 forward FLOPs off dispatch's 130 (134 forward, 150 backward), so
+    that a runner that copied dispatch's numbers, or mixed up the two counts, fails; the naive one counts the
     conv's kernels under both of their enclosing ranges (+100 each way)."""
 
     def estimators(self):
@@ -271,15 +274,43 @@ class ProfilingBackend(FakeBackend):
     def profile_flops(self, method, name, batch):
         self._call(method, name, batch)
         extra = 100 if method == "nvtx-naive" else 0
-        return (130 + extra) * batch, (150 + extra) * batch, 0.01 * batch
+        return (134 + extra) * batch, (150 + extra) * batch, 0.01 * batch
 
 
-def test_nvtx_estimator_rows_where_a_profile_can_be_recorded(tmp_path):
+def test_nvtx_estimator_rows_record_each_estimators_own_count(tmp_path):
     res = run(tmp_path, ProfilingBackend())
     r = rows(res)
     dedup, naive, dispatch = r[("m1", 1, "nvtx")], r[("m1", 1, "nvtx-naive")], r[("m1", 1, "dispatch")]
-    assert (dedup.flops_forward, dedup.flops_backward) == (dispatch.flops_forward, dispatch.flops_backward)
-    assert (naive.flops_forward, naive.flops_backward, naive.seconds) == (230, 250, 0.01)
+    assert (dispatch.flops_forward, dispatch.flops_backward) == (130, 150)
+    assert (dedup.flops_forward, dedup.flops_backward, dedup.flops) == (134, 150, 284)
+    assert (naive.flops_forward, naive.flops_backward, naive.seconds) == (234, 250, 0.01)
     assert dedup.status == naive.status == "ok"
     # like the other peers, only at the smallest batch
     assert ("m1", 4, "nvtx") not in r
+    # the report gives each estimator's difference from dispatch, and its verdict follows from the spread: fvcore's
+    # 110 against nvtx-naive's 234 is far outside the 5% tolerance on both models
+    text = (tmp_path / "REPORT.md").read_text()
+    line = next(ln for ln in text.splitlines() if ln.startswith("  m1:"))
+    for name, value in (("fvcore", 110), ("nvtx", 134), ("nvtx-naive", 234)):
+        assert f"{name} {value / 130 - 1:+.1%}" in line
+    assert f"{234 / 110 - 1:.1%} apart" in line
+    assert "**Forward counting: does not match.**" in text
+
+
+def test_verdicts_follow_the_numbers():
+    from flopcount.study import findings
+
+    # forward GFLOPs: m3's estimators are 11% apart, outside the 5% tolerance; the old report said "matches" here
+    est = pd.DataFrame({"dispatch": [1.0, 2.0, 0.9], "fvcore": [1.01, 2.02, 1.0]}, index=["m1", "m2", "m3"])
+    text = "\n".join(findings.forward_counting(est))
+    assert "**Forward counting: matches for 2 of 3 models.**" in text
+    assert "m3: 11.1% apart" in text and "fvcore +11.1%" in text
+    assert "**Forward counting: matches.**" in "\n".join(findings.forward_counting(est.loc[["m1", "m2"]]))
+    assert "does not match" in findings.forward_counting(est.loc[["m3"]])[0]
+    # backward:forward: within 10% of the study's 2:1 or not, model by model
+    res = study.StudyResult(out="", results=pd.DataFrame(), ratios=pd.DataFrame(), meta={})
+    rat = pd.DataFrame({"Conv2d": [1.85, 1.95], "Linear": [2.0, 1.7]}, index=["m1", "m2"])
+    text = "\n".join(findings.ratios(res, rat))
+    assert "matches for 1 of 2 ratios the study stated" in text
+    assert "*Within 10%:* Conv2d 1.85 to 1.95 (study 2)." in text
+    assert "*Not within 10%:* Linear 1.7 to 2 (study 2)." in text

@@ -5,7 +5,7 @@ import pytest
 
 import flopcount
 from flopcount.models import example_inputs, load_model
-from flopcount.study import first_layer, layer_types, ratio_rows
+from flopcount.ratios import first_layer, layer_types, ratio_rows
 
 
 def count(name, batch):

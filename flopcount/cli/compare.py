@@ -1,9 +1,10 @@
 """``flopcount compare MODEL``: FLOPs by several estimators, op kind x estimator, the differences explained."""
 from __future__ import annotations
 
+import os
 import sys
 
-from .main import EXIT_OK, add_format, add_model, print_frame, print_json, warn
+from .main import EXIT_OK, add_format, add_model, print_json, warn
 
 
 def add(sub) -> None:
@@ -28,25 +29,34 @@ def run(args) -> int:
         table = compare(model, inputs, estimators=names, model_name=name)
     for est, msg in table.attrs["errors"].items():
         warn(f"estimator {est} failed, the others are compared: {msg}")
-    if args.plot:
-        from ..plots import compare_totals
-
-        compare_totals(table, args.plot, title=f"{name}, batch {args.batch}")
     if args.format == "json":
         print_json(to_json(table))
     elif args.format == "csv":
         sys.stdout.write(table.to_csv(index=False))
     else:
-        print(f"{name}  batch={table.attrs['batch_size']}  FLOPs (1 FMA = 2) by op kind; rel: relative to dispatch")
-        shown = table.drop(columns=["uncounted", "reason"])
-        for col in shown.columns[2:]:
-            if col.startswith("rel:"):
-                shown[col] = shown[col].map(lambda v: "" if v != v else f"{v:+.1%}")
-            else:
-                shown[col] = shown[col].round().astype("Int64")
-        print_frame(shown, "table")
-        for _, row in table.iterrows():
-            for label in ("uncounted", "reason"):
-                if row[label]:
-                    print(f"{row['op']} {row['phase']} {label}: {row[label]}")
+        print(compare_table(table, name))
+    if args.plot:  # after the table: a figure that cannot be written must not cost what was computed
+        from ..plots import compare_totals
+
+        sys.stdout.flush()
+        compare_totals(table, args.plot, title=f"{name}, batch {args.batch}")
+        print(f"wrote {os.path.abspath(args.plot)}", file=sys.stderr)
     return EXIT_OK
+
+
+def compare_table(table, name: str, width=None, color=None) -> str:
+    """One row per op kind and phase, one FLOPs column per estimator, then each one's difference from dispatch
+    (left out first when the terminal is narrow); what an estimator missed, and why, below."""
+    from . import render as R
+
+    shown = table.drop(columns=["uncounted", "reason"])
+    ests = [c for c in shown.columns[2:] if not c.startswith("rel:")]
+    rels = [c for c in shown.columns[2:] if c.startswith("rel:")]
+    cols = [R.Col("op"), R.Col("phase")] + [R.Col(c, R.FLOPS, drop=len(rels) + 1 + k if k else None)
+                                            for k, c in enumerate(ests)]
+    cols += [R.Col(c, R.DELTA, drop=len(rels) - k) for k, c in enumerate(rels)]
+    notes = [f"{row['op']} {row['phase']} {label}: {row[label]}"
+             for _, row in table.iterrows() for label in ("uncounted", "reason") if row[label]]
+    title = [R.headline(name, batch=table.attrs.get("batch_size"))
+             + "  FLOPs (1 multiply-add = 2) by op kind; rel: relative to dispatch"]
+    return R.table(shown, cols, title=title, notes=notes, width=width, color=color)

@@ -3,14 +3,23 @@ from __future__ import annotations
 
 import sys
 
-from .main import EXIT_CHECK_FAILED, EXIT_OK, add_format, add_model, print_frame, print_json, records, warn
+from .main import (EXIT_CHECK_FAILED, EXIT_OK, add_format, add_model, add_top, natural_int, print_frame, print_json,
+                   records, warn)
+
+DEFAULT_DEPTH = 2
+LEGEND = "1 multiply-add = 2 FLOPs; k M G T = 1e3 1e6 1e9 1e12; FLOP/B: FLOPs per byte read or written"
 
 
 def add(sub) -> None:
     p = sub.add_parser("count", help="FLOPs of a training step, per op, module or phase")
     add_model(p)
     p.add_argument("--estimator", default="dispatch", help="estimator name (see `flopcount compare --help`)")
-    p.add_argument("--by", choices=("op", "module", "phase", "family"), default="op", help="table grouping")
+    p.add_argument("--by", choices=("op", "module", "phase", "family"), default=None,
+                   help="table grouping (default op; module with --depth)")
+    p.add_argument("--depth", type=natural_int, default=None,
+                   help=f"--by module as a tree down to this depth, each module summing its submodules (table: "
+                        f"default {DEFAULT_DEPTH}; csv and json stay one flat row per module unless it is given)")
+    add_top(p)
     p.add_argument("--no-backward", action="store_true", help="forward only")
     p.add_argument("--check-scaling", action="store_true",
                    help="also count at batch 1 and list every op whose FLOPs are not exactly batch x batch-1")
@@ -18,13 +27,19 @@ def add(sub) -> None:
 
 
 def run(args) -> int:
-    from .. import count
-    from ..errors import model_errors
+    from .. import count, get_estimator
+    from ..errors import FlopcountError, model_errors
     from ..models import build
     from ..scaling import check_scaling
 
+    if args.by is None:
+        args.by = "module" if args.depth is not None else "op"
+    if args.depth is not None and args.by != "module":
+        raise FlopcountError("--depth applies to --by module")
+    # an estimator that runs the model needs real weights and inputs; the dispatch counter needs neither
+    real = get_estimator(args.estimator).capabilities.real_weights
     model, inputs, name = build(args.model, batch=args.batch, input_shape=args.input_shape,
-                                num_classes=args.num_classes)
+                                num_classes=args.num_classes, device="cpu" if real else "meta", random=real)
     with model_errors(name, inputs):
         report = count(model, inputs, estimator=args.estimator, backward=not args.no_backward)
         mismatches = None
@@ -37,23 +52,115 @@ def run(args) -> int:
              + ", ".join(f"{op} x{n}" for op, n in report.uncounted.items()))
     if args.format == "json":
         doc = report.to_dict()
+        if args.depth is not None:
+            doc["modules"] = records(report.by("module", depth=args.depth).reset_index())
         if mismatches is not None:
             doc["scaling"] = {"batch": args.batch, "ok": mismatches.empty, "mismatches": records(mismatches)}
         print_json(doc)
     elif args.format == "csv":
-        print_frame(report.by(args.by), "csv")
+        print_frame(report.by(args.by, depth=args.depth), "csv")
     else:
-        s = report.summary()
-        print(f"{name}  batch={report.batch_size}  estimator={report.estimator}  phases={','.join(report.phases)}")
-        print("  " + "  ".join(f"{k}={v:,}" for k, v in s["flops"].items() if v is not None) + "  (FLOPs, 1 FMA = 2)")
-        print_frame(report.by(args.by), "table")
-        for note in report.notes:
-            print(f"note: {note}")
+        depth = DEFAULT_DEPTH if args.by == "module" and args.depth is None else args.depth
+        print(count_table(report, args.by, depth=depth, top=args.top))
     if mismatches is not None:
         if mismatches.empty:
             print(f"scaling: every op at batch {args.batch} is exactly {args.batch} x batch 1", file=sys.stderr)
         else:
             warn(f"{len(mismatches)} op(s) do not scale exactly with the batch:")
-            print(mismatches.to_string(), file=sys.stderr)
+            print(_mismatch_table(mismatches), file=sys.stderr)
             return EXIT_CHECK_FAILED
     return EXIT_OK
+
+
+def count_table(report, by: str, *, depth=None, top=None, width=None, color=None) -> str:
+    """The table of ``flopcount count``: per op, family, phase or module (a tree with ``depth``), with shares."""
+    from . import render as R
+
+    phases = [p for p in ("forward", "backward", "optimizer") if p in report.phases]
+    grand = report.total()
+    title = [R.headline(report.model or "model", batch=report.batch_size, estimator=report.estimator,
+                        device=report.meta.get("device"), phases=",".join(report.phases))]
+    notes = [f"note: {n}" for n in report.notes]
+    notes.append(LEGEND)
+    if by == "phase":
+        g = report.by("phase")
+        g["share"] = g["flops"] / grand if grand else float("nan")
+        g["intensity"] = _intensity(g["flops"], g["bytes"])
+        cols = [R.Col("phase"), R.Col("flops", R.FLOPS, "FLOPs"), R.Col("share", R.SHARE, drop=4),
+                R.Col("bytes", R.BYTES, drop=3), R.Col("intensity", R.RATIO, "FLOP/B", drop=2),
+                R.Col("calls", R.INT, drop=1)]
+        total = dict(flops=grand, share=1.0 if grand else None, bytes=report.total_bytes(),
+                     intensity=_intensity(grand, report.total_bytes()), calls=int(g["calls"].sum()))
+        return R.table(g, cols, title=title, total=total, notes=notes, width=width, color=color)
+    values = phases + ["total", "bytes", "calls"]
+    if by == "module" and depth is not None:
+        g = _tree_top(report.by("module", depth=depth), top, values + ["params"])
+        label = [_tree_label(m, d, report.model) for m, d in zip(g.index, g["depth"])]
+        g = g.assign(module=label)
+        key = [R.Col("module")] + ([R.Col("params", R.PARAMS, drop=7)] if g["params"].notna().any() else [])
+        total = None  # the root row is the total
+    else:
+        g = R.top(report.by(by), top, "total", values)
+        key = [R.Col(by)]
+        total = dict({p: report.total(p) for p in phases}, total=grand, share=1.0 if grand else None,
+                     bytes=report.total_bytes(), intensity=_intensity(grand, report.total_bytes()),
+                     calls=int(report.frame["calls"].sum()))
+    g = g.assign(share=g["total"] / grand if grand else float("nan"), intensity=_intensity(g["total"], g["bytes"]))
+    cols = key + [R.Col(p, R.FLOPS, drop=6 if p != "optimizer" else 4) for p in phases] + [
+        R.Col("total", R.FLOPS), R.Col("share", R.SHARE, drop=5), R.Col("bytes", R.BYTES, drop=3),
+        R.Col("intensity", R.RATIO, "FLOP/B", drop=2), R.Col("calls", R.INT, drop=1)]
+    return R.table(g, cols, title=title, total=total, notes=notes, width=width, color=color)
+
+
+def _mismatch_table(mismatches) -> str:
+    from . import render as R
+
+    # exact counts: a mismatch of a few FLOPs would vanish in SI units
+    cols = [R.Col("module"), R.Col("op"), R.Col("phase"), R.Col("flops_1", R.INT, "batch 1"),
+            R.Col("flops_n", R.INT, "batch N"), R.Col("expected", R.INT, "N x batch 1"),
+            R.Col("ratio", R.AUTO, drop=1)]
+    return R.table(mismatches, cols, color=R.use_color(sys.stderr))
+
+
+def _intensity(flops, nbytes):
+    """FLOPs per byte; NaN where no byte moved (the table shows "-")."""
+    import pandas as pd
+
+    if isinstance(flops, pd.Series):
+        return (flops / nbytes.where(nbytes > 0)).astype(float)
+    return flops / nbytes if nbytes else float("nan")
+
+
+def _tree_label(path: str, depth, model: str) -> str:
+    if depth != depth:  # the "other" row of --top
+        return "other"
+    # the indentation says whose child a row is, so its own name is enough (csv and json have the full path)
+    name = path.rpartition(".")[2] if path else (model or "model")
+    return "  " * int(depth) + name
+
+
+def _tree_top(tree, n, sums):
+    """The ``n`` largest leaves of the tree (rows shown without their children) with every row above them; the
+    other leaves summed into one "other" row, so that the leaves shown and "other" add up to the root."""
+    import pandas as pd
+
+    from ..report import OWN
+
+    if n is None:
+        return tree
+    depths = list(tree["depth"])
+    leaf = [i + 1 == len(depths) or depths[i + 1] <= depths[i] for i in range(len(depths))]
+    leaves = tree[leaf]
+    if len(leaves) <= n:
+        return tree
+    kept = set(leaves["total"].nlargest(n, keep="first").index)
+    ancestors = {""}
+    for path in kept:
+        parts = path.split(".") if path and path != OWN else []
+        ancestors.update(".".join(parts[:i]) for i in range(len(parts)))
+    shown = tree[[m in kept or m in ancestors for m in tree.index]]
+    rest = leaves[~leaves.index.isin(kept)]
+    # a space no module name starts with keeps the label apart from a module called "other"
+    other = pd.DataFrame([{c: rest[c].sum(skipna=False) for c in sums}],
+                         index=pd.Index([" other"], name=tree.index.name))
+    return pd.concat([shown, other])

@@ -26,7 +26,7 @@ EXIT_OK, EXIT_CHECK_FAILED, EXIT_ERROR = 0, 1, 2
 # command -> module of this package that holds it (several small commands share a module)
 COMMANDS = {
     "count": "count", "compare": "compare", "utilization": "utilization", "peaks": "utilization",
-    "roofline": "roofline", "overhead": "roofline", "nsys": "profiles", "capture": "profiles", "study": "study",
+    "roofline": "roofline", "overhead": "roofline", "nsys": "profiles", "trace": "profiles", "capture": "profiles", "study": "study",
 }
 
 
@@ -39,20 +39,15 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
-def print_frame(frame, fmt: str, title: str = "", float_format=None) -> None:
-    """Print a DataFrame as an aligned table or CSV (json is each command's own: one document)."""
-    import pandas as pd
-
+def print_frame(frame, fmt: str, title: str = "", cols=None) -> None:
+    """Print a DataFrame as CSV (exact numbers) or through the one table renderer (``render.Col`` list, or
+    columns guessed from the frame); json is each command's own: one document."""
     if fmt == "csv":
         sys.stdout.write(frame.to_csv())
         return
-    if title:
-        print(title)
-    options = ["display.max_rows", None, "display.max_columns", None, "display.width", 200]
-    if float_format is not None:
-        options += ["display.float_format", float_format]
-    with pd.option_context(*options):
-        print(frame.to_string())
+    from . import render
+
+    render.show(frame, cols or render.auto_cols(frame), title=[title] if title else ())
 
 
 def print_json(doc) -> None:
@@ -108,6 +103,11 @@ def add_format(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=FORMATS, default="table", help="output format (json: one document on stdout)")
 
 
+def add_top(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--top", type=positive_int, default=None, metavar="N",
+                   help="table: the N largest rows, the rest summed into one 'other' row (csv and json keep all)")
+
+
 def add_model(p: argparse.ArgumentParser, batch_default: Optional[int] = 1, batch: bool = True) -> None:
     p.add_argument("model", help="torchvision name (resnet50), path/to/file.py:factory or package.module:attr")
     if batch:
@@ -131,13 +131,19 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        return importlib.import_module(f"{__package__}.{COMMANDS[args.command]}").run(args)
+        code = importlib.import_module(f"{__package__}.{COMMANDS[args.command]}").run(args)
+        sys.stdout.flush()  # a full disk or a closed pipe shows here, while it can still be said in one line
+        return code
     except FlopcountError as exc:
         print(f"flopcount: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_ERROR
     except BrokenPipeError:  # `flopcount ... | head`: the reader left; say nothing more
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _drop_stdout()
         return EXIT_OK
+    except OSError as exc:  # writing the output failed (a full disk, /dev/full, a read-only folder)
+        _drop_stdout()
+        print(f"flopcount: error: cannot write the output: {exc.strerror or one_line(exc)}", file=sys.stderr)
+        return EXIT_ERROR
     except KeyboardInterrupt:
         print("flopcount: interrupted", file=sys.stderr)
         return 130
@@ -147,3 +153,12 @@ def main(argv=None) -> int:
         print(f"flopcount: internal error: {one_line(exc)} (a bug in flopcount, not in your input; "
               "FLOPCOUNT_DEBUG=1 shows the traceback)", file=sys.stderr)
         return EXIT_ERROR
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush of what is still buffered cannot fail
+    again (and print a traceback) on the way out."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass

@@ -5,10 +5,8 @@ from __future__ import annotations
 import sys
 
 from ..dtypes import CHOICES as DTYPES
-from .main import (EXIT_OK, add_format, add_model, natural_float, natural_int, positive_float, positive_int,
+from .main import (EXIT_OK, add_format, add_model, add_top, natural_float, natural_int, positive_float, positive_int,
                    print_frame, print_json, records, warn)
-
-_SHORT = lambda v: f"{v:.4g}"  # noqa: E731
 
 
 def add(sub) -> None:
@@ -21,6 +19,7 @@ def add(sub) -> None:
     p.add_argument("--measured", type=positive_float, default=None, metavar="SECONDS",
                    help="a measured step time: the share the roofline does not explain (overhead, inefficiency)")
     p.add_argument("--plot", default=None, metavar="OUT.png", help="write a log-log roofline plot of the ops")
+    add_top(p)
     add_format(p)
 
     p = sub.add_parser("overhead", help="time per step along a batch ladder: is the model overhead-bound?")
@@ -49,37 +48,22 @@ def _roofline(args) -> int:
 
     roof = from_spec(args.model, args.device_spec, batch=args.batch, dtype=args.dtype, tf32=args.tf32,
                      measured_seconds=args.measured, input_shape=args.input_shape, num_classes=args.num_classes)
-    spec = roof.spec
     table = roof.by(args.by)
-    if args.plot:
-        from ..plots import plot_roofline
-
-        plot_roofline(roof, args.plot)
     if args.format == "json":
         print_json(dict(roof.summary(), by=args.by, groups=records(table.reset_index()), ops=records(roof.ops)))
-        return EXIT_OK
-    if args.format == "csv":
+    elif args.format == "csv":
         print_frame(table, "csv")
-        return EXIT_OK
-    ridges = ", ".join(f"{p} {spec.peak(p) / spec.bandwidth:.1f}" for p in sorted(set(roof.ops["precision"])))
-    print(f"{roof.model}  batch={roof.batch_size}  {args.dtype}  on {spec.name} "
-          f"({spec.bandwidth / 1e9:g} GB/s; ridge point FLOP/byte: {ridges})")
-    print(f"  FLOPs {roof.flops:,}  bytes {roof.bytes:,}  roofline time {roof.seconds * 1e3:.3f} ms  "
-          f"= {roof.seconds_per_flop * 1e12:.4g} ps per FLOP")
-    print(f"  memory-bound share of roofline time {roof.memory_bound_share:.1%}  "
-          f"utilization ceiling {roof.utilization_ceiling:.1%} of peak ({roof.peak_flops:.4g} FLOP/s)")
-    if roof.measured_seconds is not None:
-        print(f"  measured {roof.measured_seconds * 1e3:.3f} ms: {roof.unexplained_seconds * 1e3:.3f} ms "
-              f"({roof.unexplained_share:.1%}) is neither compute nor bandwidth (overhead, inefficiency)")
-    shown = table.assign(flops=table["flops"] / 1e9, bytes=table["bytes"] / 1e6, t_compute=table["t_compute"] * 1e3,
-                         t_memory=table["t_memory"] * 1e3, t_roofline=table["t_roofline"] * 1e3)
-    shown = shown.rename(columns={"flops": "GFLOP", "bytes": "MB", "t_compute": "compute_ms", "t_memory": "memory_ms",
-                                  "t_roofline": "roofline_ms"})
-    print_frame(shown, "table", float_format=_SHORT)
-    for note in roof.notes:
-        warn(note)
-    if args.plot:
-        print(f"wrote {args.plot}")
+    else:
+        print(roofline_table(roof, args.by, dtype=args.dtype, top=args.top))
+        for note in roof.notes:
+            warn(note)
+    if args.plot:  # after the table: a figure that cannot be written must not cost what was computed
+        from ..plots import plot_roofline
+
+        sys.stdout.flush()
+        plot_roofline(roof, args.plot)
+        if args.format == "table":
+            print(f"wrote {args.plot}")
     return EXIT_OK
 
 
@@ -101,10 +85,60 @@ def _overhead(args) -> int:
         print_frame(res.frame.set_index("batch"), "csv")
         return EXIT_OK
     where = f"{res.device}, {res.threads} threads" if res.threads else res.device
-    print(f"{res.model} on {where}: training step time along the batch ladder ({args.stat} of the timed steps, "
-          "with the interquartile range of all of them)")
-    print_frame(res.frame.set_index("batch"), "table", float_format=_SHORT)
-    print(res.verdict)
-    for note in res.notes:
-        print(f"note: {note}")
+    print(overhead_table(res, where, args.stat))
     return EXIT_OK
+
+
+def roofline_table(roof, by: str, dtype: str = "", top=None, width=None, color=None) -> str:
+    """Per group: FLOPs, bytes, intensity, the compute, memory and roofline times, the share of the step's
+    roofline time and the verdict, under the step's own summary."""
+    from . import render as R
+
+    spec = roof.spec
+    g = roof.by(by)
+    if top is not None:
+        g = R.top(g, top, "t_roofline", ["flops", "bytes", "calls", "t_compute", "t_memory", "t_roofline", "share"])
+        g["intensity"] = [_intensity(a, b) for a, b in zip(g["flops"], g["bytes"])]
+    ridges = ", ".join(f"{p} {spec.peak(p) / spec.bandwidth:.1f}" for p in sorted(set(roof.ops["precision"])))
+    title = [
+        R.headline(roof.model, batch=roof.batch_size, dtype=dtype, device=spec.name),
+        f"  {R.si(spec.bandwidth, 'B/s')}; ridge point, FLOP/byte: {ridges}",
+        f"  FLOPs {R.si(roof.flops)}  bytes {R.si(roof.bytes, 'B')}  roofline time {R.seconds(roof.seconds)}  "
+        f"= {roof.seconds_per_flop * 1e12:.4g} ps per FLOP",
+        f"  memory-bound share of roofline time {R.share(roof.memory_bound_share)}  utilization ceiling "
+        f"{R.share(roof.utilization_ceiling)} of peak ({R.si(roof.peak_flops, 'FLOP/s')})",
+    ]
+    if roof.measured_seconds is not None:
+        title.append(f"  measured {R.seconds(roof.measured_seconds)}: {R.seconds(roof.unexplained_seconds)} "
+                     f"({R.share(roof.unexplained_share)}) is neither compute nor bandwidth (overhead, inefficiency)")
+    cols = [R.Col(by), R.Col("flops", R.FLOPS, "FLOPs"), R.Col("bytes", R.BYTES, drop=6),
+            R.Col("intensity", R.RATIO, "FLOP/B", drop=5), R.Col("calls", R.INT, drop=1),
+            R.Col("t_compute", R.SECONDS, "compute", drop=3), R.Col("t_memory", R.SECONDS, "memory", drop=4),
+            R.Col("t_roofline", R.SECONDS, "roofline"), R.Col("share", R.SHARE, drop=7),
+            R.Col("memory_share", R.SHARE, "mem share", drop=2), R.Col("bound", drop=8)]
+    total = dict(flops=roof.flops, bytes=roof.bytes, intensity=_intensity(roof.flops, roof.bytes),
+                 calls=int(roof.ops["calls"].sum()), t_compute=float(roof.ops["t_compute"].sum()),
+                 t_memory=float(roof.ops["t_memory"].sum()), t_roofline=roof.seconds, share=1.0,
+                 memory_share=roof.memory_bound_share)
+    notes = ["times: the least this device can take (FLOPs / peak, bytes / bandwidth, the slower of the two); "
+             "mem share: of a row's roofline time, in memory-bound ops"]
+    return R.table(g, cols, title=title, total=total, notes=notes, width=width, color=color)
+
+
+def _intensity(flops, nbytes):
+    from ..roofline import intensity
+
+    return intensity(flops, nbytes)
+
+
+def overhead_table(res, where: str, stat: str, width=None, color=None) -> str:
+    from . import render as R
+
+    cols = [R.Col("batch", R.INT), R.Col("seconds", R.SECONDS, "s/step"), R.Col("iqr", R.SECONDS, "IQR", drop=3),
+            R.Col("runs", R.INT, drop=2), R.Col("per_sample", R.SECONDS, "s/sample", drop=4),
+            R.Col("growth", R.RATIO, "x per doubling", drop=1), R.Col("added", R.DELTA, "added"),
+            R.Col("verdict")]
+    title = [f"{res.model} on {where}: training step time along the batch ladder ({stat} of the timed steps, with "
+             "the interquartile range of all of them)"]
+    notes = [res.verdict] + [f"note: {n}" for n in res.notes]
+    return R.table(res.frame, cols, title=title, notes=notes, width=width, color=color)

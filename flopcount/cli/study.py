@@ -20,7 +20,9 @@ def add(sub) -> None:
     p.add_argument("--epoch-batch-sizes", default=None, help="batch sizes of the epoch pass (default: all)")
     p.add_argument("--data-root", default=None, help="folder holding CIFAR-10 (torchvision layout; never downloaded)")
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if there is one)")
-    p.add_argument("--peak", type=positive_float, default=None, help="peak FLOP/s to divide by (default: the device's)")
+    p.add_argument("--peak", type=positive_float, default=None,
+                   help="peak FLOP/s to divide by (default: each step's precision mix on the device's peaks)")
+    p.add_argument("--device-spec", default=None, help="hold against this device's peaks (see `flopcount peaks`)")
     p.add_argument("--steps", type=positive_int, default=None, help="timed steps per measurement")
     p.add_argument("--warmup", type=natural_int, default=None, help="untimed warm-up steps")
     p.add_argument("--workers", type=natural_int, default=None, help="DataLoader workers for the epoch pass")
@@ -45,8 +47,25 @@ def run(args) -> int:
     elif args.format == "csv":
         sys.stdout.write(frame.to_csv(index=False))
     else:
-        bad = frame[frame["status"] != "ok"] if len(frame) else frame
-        print(f"{len(frame)} rows in {res.out} ({res.ran} run now, {res.skipped} already there, "
-              f"{len(bad)} not ok); report: {res.report_path}")
+        print(study_table(res))
     # some failures are results; all of them are not
     return EXIT_CHECK_FAILED if len(frame) and (frame["status"] != "ok").all() else EXIT_OK
+
+
+def study_table(res, width=None, color=None) -> str:
+    """What the run left, then utilization per model, by method and batch size (the report has the rest)."""
+    from ..study import tables
+    from . import render as R
+
+    frame = res.results
+    bad = frame[frame["status"] != "ok"] if len(frame) else frame
+    title = [f"{len(frame)} rows in {res.out} ({res.ran} run now, {res.skipped} already there, {len(bad)} not ok); "
+             f"report: {res.report_path}"]
+    u = tables(res).get("utilization")
+    if u is None or u.empty:
+        return "\n".join(w for line in title for w in R.wrap(line, width or R.terminal_width()))
+    u = u.rename_axis("model").reset_index()
+    n = len(u.columns)
+    cols = [R.Col("model")] + [R.Col(c, R.RATIO, drop=n - k) for k, c in enumerate(u.columns[1:], start=1)]
+    title.append("utilization = FLOPs of a step / (seconds x peak FLOP/s), by method and batch size:")
+    return R.table(u, cols, title=title, width=width, color=color)

@@ -24,6 +24,7 @@ def add(sub) -> None:
     add_format(p)
 
     p = sub.add_parser("peaks", help="the datasheet peak table, with sources")
+    p.add_argument("--sources", action="store_true", help="table: also the source of each row (csv and json have it)")
     add_format(p)
 
 
@@ -54,27 +55,31 @@ def _utilization(args) -> int:
     return EXIT_OK
 
 
-def lines(u) -> List[str]:
+def lines(u, width=None) -> List[str]:
     """The human-readable summary of a Utilization."""
-    spread = f" (IQR {u.seconds_spread:.2g})" if u.seconds_spread is not None else ""
+    from . import render as R
+
+    spread = f", IQR {R.seconds(u.seconds_spread)}" if u.seconds_spread is not None else ""
     ranks = f" x {u.world_size} processes" if u.world_size > 1 else ""
-    seconds = (f"  seconds per step {u.seconds_per_step:.6g}{spread}  (median of {u.steps} steps after "
-               f"{u.warmup} warm-up)" if u.scope != "epoch" else
-               f"  seconds per step {u.seconds_per_step:.6g}  (one epoch of {u.steps} steps, divided)")
-    out = [
-        f"{u.model or 'model'}  batch={u.batch_size}{ranks}  scope={u.scope}  device={u.device}  dtype={u.dtype}",
-        f"  utilization      {u.utilization:.4f}  ({100 * u.utilization:.2f}% of peak)",
-        f"  FLOPs per step   {u.flops_per_step:,.0f}  ("
-        + ", ".join(f"{p}={v:,.0f}" for p, v in u.flops_by_phase.items()) + ")",
-        seconds,
-        f"  achieved         {u.achieved_flops:.4g} FLOP/s",
-        f"  peak             {u.peak_flops:.4g} FLOP/s  [{u.peak_source}]",
-        "  precision mix    " + (", ".join(f"{p}={v:,.0f}" for p, v in u.precision_mix.items()) or "-"),
+    seconds = (f"{R.seconds(u.seconds_per_step)} (median of {u.steps} steps after {u.warmup} warm-up{spread})"
+               if u.scope != "epoch" else f"{R.seconds(u.seconds_per_step)} (one epoch of {u.steps} steps, divided)")
+    phases = ", ".join(f"{p} {R.si(v)}" for p, v in u.flops_by_phase.items())
+    items = [
+        ("utilization", f"{R.ratio(u.utilization)} ({R.share(u.utilization)} of peak)"),
+        ("FLOPs per step", f"{R.si(u.flops_per_step)} ({phases})"),
+        ("seconds per step", seconds),
+        ("achieved", R.si(u.achieved_flops, "FLOP/s")),
+        ("peak", f"{R.si(u.peak_flops, 'FLOP/s')} [{u.peak_source}]"),
+        ("precision mix", ", ".join(f"{p} {R.si(v)}" for p, v in u.precision_mix.items()) or "-"),
     ]
     if u.bandwidth:
-        out.append(f"  bandwidth        {u.achieved_bandwidth:.4g} of {u.bandwidth:.4g} bytes/s "
-                   f"({100 * u.bandwidth_utilization:.2f}%; bytes: each op's inputs read and outputs written once)")
-    return out + [f"note: {n}" for n in u.notes]
+        items.append(("bandwidth", f"{R.si(u.achieved_bandwidth, 'B/s')} of {R.si(u.bandwidth, 'B/s')} "
+                                   f"({R.share(u.bandwidth_utilization)}; bytes: each op's inputs read and outputs "
+                                   "written once)"))
+    title = [R.headline(f"{u.model or 'model'}", batch=f"{u.batch_size}{ranks}", scope=u.scope, device=u.device,
+                        dtype=u.dtype)]
+    notes = [f"note: {n}" for n in u.notes] + ["1 multiply-add = 2 FLOPs; k M G T = 1e3 1e6 1e9 1e12"]
+    return R.pairs(items, title=title, notes=notes, width=width).splitlines()
 
 
 def _peaks(args) -> int:
@@ -86,10 +91,21 @@ def _peaks(args) -> int:
     elif args.format == "csv":
         print_frame(table, "csv")
     else:
-        shown = table.drop(columns=["aliases", "note"])
-        for col in ("fp64", "fp32", "tf32", "fp16", "bf16", "fp16_nontensor"):
-            shown[col] = shown[col].map(lambda v: "-" if v != v else f"{v / 1e12:g}")
-        shown["bandwidth"] = shown["bandwidth"].map(lambda v: f"{v / 1e9:g}")
-        print_frame(shown, "table", "dense peaks in TFLOP/s, bandwidth in GB/s (cpu: measured, see "
-                    "`flopcount utilization --device cpu`)")
+        print(peaks_table(table, sources=args.sources))
     return EXIT_OK
+
+
+def peaks_table(table, sources: bool = False, width=None, color=None) -> str:
+    from . import render as R
+
+    precisions = [("fp64", 5), ("fp32", None), ("tf32", 4), ("fp16", 3), ("bf16", 2), ("fp16_nontensor", 1)]
+    cols = [R.Col("name", header="device")] + [
+        R.Col(p, R.RATE, header="fp16 no TC" if p == "fp16_nontensor" else p, drop=d) for p, d in precisions]
+    cols.append(R.Col("bandwidth", R.RATE, unit="B/s"))
+    if sources:
+        cols.append(R.Col("source", wrap=True))
+    title = ["dense peaks in FLOP/s (T = 1e12), at the rate a matrix product reaches (tensor cores where there are "
+             "any; no TC: fp16 without them); '-': the device lacks the precision"]
+    notes = ["cpu: measured, see `flopcount utilization --device cpu`"] + ([] if sources else [
+        "--sources adds where each figure comes from"])
+    return R.table(table, cols, title=title, notes=notes, width=width, color=color)

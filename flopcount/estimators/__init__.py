@@ -1,4 +1,6 @@
-"""Pluggable FLOP estimators; each returns a FlopReport. See base.py for the protocol and the registry."""
-from .base import Estimator, EstimatorError, available, get_estimator, register_estimator
+"""Pluggable FLOP estimators: each answers a Request with a FlopReport. The protocol and the registry: base.py."""
+from .base import (Capabilities, Estimator, EstimatorError, Request, available, check, get_estimator,
+                   register_estimator, run)
 
-__all__ = ["Estimator", "EstimatorError", "available", "get_estimator", "register_estimator"]
+__all__ = ["Capabilities", "Estimator", "EstimatorError", "Request", "available", "check", "get_estimator",
+           "register_estimator", "run"]

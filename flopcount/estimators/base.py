@@ -1,30 +1,222 @@
-"""The estimator protocol and the registry (built-ins, run-time registrations, entry-point group)."""
+"""The estimator protocol, the request every estimator answers, and the registry (built-ins, run-time
+registrations, entry-point group ``flopcount.estimators``).
+
+An estimator is an object with
+
+* ``name``: the name it is asked for by (``flopcount.count(..., estimator=NAME)``, ``--estimators a,b``);
+* ``capabilities``: a ``Capabilities``: the phases it can see, the devices it runs on, whether it runs a custom
+  loss, whether it needs a model with real weights;
+* ``estimate(request) -> FlopReport``: the FLOPs of the step that ``request`` describes;
+* optionally ``cache_key``: estimators that share a key return the same numbers for the same request, so that
+  ``compare`` runs only the first of them (``fvcore`` and ``theory`` are one computation under two names).
+
+``count`` and ``compare`` never call ``estimate`` directly: ``run(estimator, request)`` first checks the request
+against the capabilities (``check``), so that an option the estimator cannot honour is a one-line
+``EstimatorError`` instead of being ignored, and afterwards checks that the report covers no phase that was not
+asked for. Built-ins and plug-ins go through the same door.
+"""
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from contextlib import contextmanager
+from dataclasses import dataclass
 from importlib import metadata
-from typing import Callable, Dict, Optional, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Dict, Optional, Protocol, Tuple, runtime_checkable
 
 from ..errors import FlopcountError, one_line
-from ..step import module_stack  # noqa: F401  (the peers watch modules through it)
-from ..report import FlopReport
+from ..report import PHASES, FlopReport
+from ..step import batch_size_of, make_loss, module_stack  # noqa: F401  (the peers watch modules through it)
 
 ENTRY_POINT_GROUP = "flopcount.estimators"
+DEVICES = ("meta", "cpu", "cuda")
+
+
+class EstimatorError(FlopcountError):
+    """An estimator cannot answer this request (an option it cannot honour, a missing package, a model it cannot
+    run)."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an estimator can do; ``check`` holds every request to it.
+
+    ``phases``: the phases its reports can cover. ``assumed``: those of them it derives by a rule instead of
+    seeing their ops (fvcore's backward = 2 x forward). ``devices``: the device types it runs the step on, its
+    default first. ``loss_fn``: whether it runs the step's loss, so that a custom one changes its count.
+    ``real_weights``: whether it runs the caller's model as it is, and so needs real weights (not meta).
+    An estimator honours an optimizer when ``"optimizer"`` is among its phases.
+    """
+
+    phases: Tuple[str, ...] = ("forward",)
+    devices: Tuple[str, ...] = ("cpu",)
+    loss_fn: bool = False
+    real_weights: bool = True
+    assumed: Tuple[str, ...] = ()
+
+    def __post_init__(self):
+        unknown = [p for p in self.phases + self.assumed if p not in PHASES]
+        if unknown or "forward" not in self.phases or not set(self.assumed) <= set(self.phases):
+            raise ValueError(f"bad capabilities: phases {self.phases}, assumed {self.assumed}")
+        if not self.devices or any(d not in DEVICES for d in self.devices):
+            raise ValueError(f"bad capabilities: devices {self.devices}; known: {', '.join(DEVICES)}")
+
+    @property
+    def optimizer(self) -> bool:
+        return "optimizer" in self.phases
+
+    @property
+    def seen(self) -> Tuple[str, ...]:
+        """The phases whose ops it really sees."""
+        return tuple(p for p in self.phases if p not in self.assumed)
+
+
+@dataclass(frozen=True, eq=False)  # tensors and modules have no value equality to compare by
+class Request:
+    """One training step to estimate, the same for every estimator asked.
+
+    ``phases``: the phases wanted (default: forward and backward, and optimizer when an ``optimizer`` is
+    given). An estimator returns the wanted phases it can see and no other; its report's ``phases`` say which.
+    ``loss_fn(output) -> scalar`` is the step's loss (default: ``step.default_loss``); it is run to start the
+    backward pass, so it needs backward. ``optimizer``: an optimizer of the model (or a factory
+    ``params -> optimizer``) whose step is counted as the ``optimizer`` phase; it needs backward too.
+    ``device``: where the step runs (``cpu``, ``cuda[:N]``, ``meta``), ``None`` for the estimator's default; a
+    device given here is a demand. ``model_name`` labels the report (default: the model's class name).
+    """
+
+    model: Any
+    inputs: Any
+    phases: Optional[Tuple[str, ...]] = None
+    loss_fn: Optional[Callable] = None
+    optimizer: Any = None
+    device: Optional[str] = None
+    model_name: str = ""
+
+    def __post_init__(self):
+        phases = self.phases
+        if phases is None:
+            phases = ("forward", "backward") + (("optimizer",) if self.optimizer is not None else ())
+        phases = tuple(phases)
+        unknown = [p for p in phases if p not in PHASES]
+        if unknown:
+            raise EstimatorError(f"unknown phase(s) {', '.join(map(repr, unknown))}; phases are {', '.join(PHASES)}")
+        if "forward" not in phases:
+            raise EstimatorError("a step always has a forward phase; phases must include 'forward'")
+        if "optimizer" in phases and self.optimizer is None:
+            raise EstimatorError("the optimizer phase is wanted but no optimizer= was given")
+        if self.optimizer is not None and "optimizer" not in phases:
+            raise EstimatorError("optimizer= was given but the optimizer phase is not wanted")
+        if "optimizer" in phases and "backward" not in phases:
+            raise EstimatorError("an optimizer step needs gradients: optimizer= needs backward=True")
+        if self.loss_fn is not None and "backward" not in phases:
+            raise EstimatorError("the loss is run only to start the backward pass: loss_fn= needs backward=True")
+        if self.device is not None:
+            object.__setattr__(self, "device", str(self.device))
+            device_type(self.device)
+        object.__setattr__(self, "phases", tuple(p for p in PHASES if p in phases))
+
+    @property
+    def backward(self) -> bool:
+        return "backward" in self.phases
+
+    @property
+    def loss(self) -> Callable:
+        """The step's loss, ``output -> scalar``."""
+        return make_loss(self.loss_fn)
+
+    @property
+    def batch_size(self) -> Optional[int]:
+        return batch_size_of(self.inputs, default=None)
+
+    @property
+    def label(self) -> str:
+        return self.model_name or type(self.model).__name__
+
+    def replace(self, **changes) -> "Request":
+        return dataclasses.replace(self, **changes)
+
+
+_OPTIONS = ("backward", "loss_fn", "optimizer", "device", "model_name")
+
+
+def make_request(model, inputs, *, backward: bool = True, loss_fn: Optional[Callable] = None, optimizer=None,
+                 device: Optional[str] = None, model_name: str = "", **unknown) -> Request:
+    """The request ``count`` and ``compare`` build from their keyword options; an unknown option is an error.
+
+    ``device="meta"`` (``count``'s default) asks for no computation where the estimator can avoid it: the
+    estimator's default device, meta for dispatch, cpu for the peers, which have to run the model. Either way the
+    count is the same (a meta step dispatches the kernels a CPU run takes).
+    """
+    if unknown:
+        raise EstimatorError(f"unknown option(s) {', '.join(sorted(unknown))}; the step's options are "
+                             f"{', '.join(_OPTIONS)}")
+    phases = ("forward",) + (("backward",) if backward else ()) + (("optimizer",) if optimizer is not None else ())
+    return Request(model=model, inputs=inputs, phases=phases, loss_fn=loss_fn, optimizer=optimizer,
+                   device=None if device is None or str(device) == "meta" else device, model_name=model_name)
+
+
+def device_type(device: str) -> str:
+    kind = str(device).split(":")[0]
+    if kind not in DEVICES:
+        raise EstimatorError(f"unknown device {str(device)!r}; use {', '.join(DEVICES)} (cuda:N for one GPU)")
+    return kind
+
+
+def check(estimator, request: Request) -> None:
+    """Raise ``EstimatorError``, one line naming the option, if ``estimator`` cannot honour ``request``."""
+    name, caps = estimator.name, estimator.capabilities
+    runs_on = ", ".join(caps.devices)
+    if request.device is not None and device_type(request.device) not in caps.devices:
+        raise EstimatorError(f"{name} cannot run on device {request.device!r}; it runs on {runs_on}")
+    if caps.real_weights:
+        weights = _weights_device(request.model)
+        if weights == "meta":
+            raise EstimatorError(f"{name} runs the model and needs real weights; build the model on cpu, not meta")
+        if weights is not None and weights not in caps.devices:
+            raise EstimatorError(f"{name} cannot run on device {weights!r} (where the model's weights are); "
+                                 f"it runs on {runs_on}")
+    if request.optimizer is not None and not caps.optimizer:
+        raise EstimatorError(f"{name} cannot count an optimizer step; it covers {', '.join(caps.phases)}")
+    if request.loss_fn is not None and not caps.loss_fn:
+        raise EstimatorError(f"{name} cannot honour loss_fn: {_why_no_loss(caps)}")
+
+
+def _why_no_loss(caps: Capabilities) -> str:
+    if "backward" not in caps.phases:
+        return "it sees the forward phase only and never runs a loss"
+    if "backward" in caps.assumed:
+        return "its backward is assumed from the forward, no loss is run"
+    return "it does not run the step's loss"
+
+
+def _weights_device(model) -> Optional[str]:
+    first = next(iter(list(model.parameters())[:1] + list(model.buffers())[:1]), None)
+    return None if first is None else first.device.type
+
+
+def run(estimator, request: Request) -> FlopReport:
+    """``estimator.estimate(request)``, with the request checked first and the report checked after: it may
+    cover only phases both asked for and declared (a backward that was not asked for is never slipped in)."""
+    check(estimator, request)
+    report = estimator.estimate(request)
+    if not isinstance(report, FlopReport):
+        raise EstimatorError(f"{estimator.name} returned {type(report).__name__}, not a FlopReport")
+    allowed = set(request.phases) & set(estimator.capabilities.phases)
+    extra = (set(report.phases) | set(report.frame["phase"])) - allowed
+    if extra:
+        raise EstimatorError(f"{estimator.name} reported phase(s) {', '.join(sorted(extra))} that were not asked "
+                             f"for or not declared (asked: {', '.join(request.phases)})")
+    return report
 
 
 @runtime_checkable
 class Estimator(Protocol):
-    """Anything with a name, the phases it can see, and ``estimate(model, inputs, ...) -> FlopReport``."""
+    """The protocol (see the module's docstring); ``cache_key`` is optional."""
 
     name: str
-    phases: Sequence[str]
+    capabilities: Capabilities
 
-    def estimate(self, model, inputs, **options) -> FlopReport: ...
-
-
-class EstimatorError(FlopcountError):
-    """An estimator could not run on this model (missing package, untraceable model, ...)."""
+    def estimate(self, request: Request) -> FlopReport: ...
 
 
 # name -> "module:attribute", imported only when asked for, so that optional peers stay optional.
@@ -60,15 +252,26 @@ def available() -> list:
 
 def get_estimator(name: str) -> Estimator:
     if name in _REGISTERED:
-        return _REGISTERED[name]()
-    if name in _BUILTIN:
+        est = _REGISTERED[name]()
+    elif name in _BUILTIN:
         module, attr = _BUILTIN[name].split(":")
-        return getattr(importlib.import_module(module), attr)()
-    eps = _entry_points()
-    if name in eps:
+        est = getattr(importlib.import_module(module), attr)()
+    else:
+        eps = _entry_points()
+        if name not in eps:
+            raise EstimatorError(f"unknown estimator {name!r}; available: {', '.join(available())}")
         obj = eps[name].load()
-        return obj() if isinstance(obj, type) or callable(obj) and not hasattr(obj, "estimate") else obj
-    raise EstimatorError(f"unknown estimator {name!r}; available: {', '.join(available())}")
+        est = obj() if isinstance(obj, type) or callable(obj) and not hasattr(obj, "estimate") else obj
+    return _conforming(est, name)
+
+
+def _conforming(est, name: str):
+    """A plug-in written for another protocol fails here, in one line, rather than half-way through a run."""
+    missing = [a for a in ("name", "capabilities", "estimate") if not hasattr(est, a)]
+    if missing or not isinstance(est.capabilities, Capabilities):
+        what = f"it has no {', '.join(missing)}" if missing else "its capabilities are not a Capabilities"
+        raise EstimatorError(f"estimator {name!r} does not follow the flopcount.estimators protocol: {what}")
+    return est
 
 
 def require(module: str, extra: str = "peers"):
@@ -93,15 +296,11 @@ def resolve_names(spec: Optional[str]) -> list:
 
 
 # --- helpers shared by the peer estimators (fvcore, ptflops, pthflops, profiler) ------------------------------------
-# Peers run the model for real: they need a model with real weights and real input tensors.
+# Peers run the caller's model for real on the CPU; ``check`` has already refused a meta model.
 
-def peer_inputs(model, inputs, name: str):
-    """The inputs as real CPU tensors (a meta tensor becomes a random one of its shape and dtype)."""
+def peer_inputs(inputs):
+    """The inputs as real CPU tensors (a meta tensor becomes a seeded random one of its shape and dtype)."""
     import torch
-
-    for p in list(model.parameters())[:1] + list(model.buffers())[:1]:
-        if p.device.type == "meta":
-            raise EstimatorError(f"{name} runs the model and needs real weights; build the model on cpu, not meta")
 
     def real(x):
         if isinstance(x, torch.Tensor):
@@ -117,6 +316,12 @@ def peer_inputs(model, inputs, name: str):
 
 def as_args(inputs) -> tuple:
     return inputs if isinstance(inputs, tuple) else (inputs,)
+
+
+def peer_report(rows, request: Request, name: str, *, phases, notes, native_unit: str) -> FlopReport:
+    """A peer's rows as a FlopReport labelled from the request."""
+    return FlopReport.from_rows(rows, model=request.label, batch_size=request.batch_size, estimator=name,
+                                phases=phases, notes=list(notes), meta={"device": "cpu", "native_unit": native_unit})
 
 
 @contextmanager

@@ -26,6 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .. import formulas
 from ..step import batch_size_of, default_loss, meta_like, module_stack, rebuild_optimizer
 from ..report import COUNTED, UNCOUNTED, ZERO, FlopReport
+from .base import Capabilities, Request
 
 _get_sequence_nr = torch._C._autograd._get_sequence_nr
 _current_node = torch._C._current_autograd_node
@@ -278,15 +279,28 @@ def count_step(
     notes = [f"formula for {op} failed: {err}" for op, err in counter.errors.items()]
     return FlopReport.from_rows(
         rows, model=model_name or type(model).__name__, batch_size=batch_size_of(inputs, default=None),
-        estimator="dispatch", phases=phases, notes=notes, meta={"device": device},
+        estimator="dispatch", phases=phases, notes=notes, meta={"device": device, "params": _owned_params(model)},
     )
+
+
+def _owned_params(model: torch.nn.Module) -> Dict[str, int]:
+    """Module path -> parameters it owns directly, for every module in model order (a shared parameter counts
+    once, at its first path, as ``named_parameters`` lists it)."""
+    owned = {name: 0 for name, _ in model.named_modules()}
+    for name, p in model.named_parameters():
+        owner = name.rpartition(".")[0]
+        owned[owner] = owned.get(owner, 0) + p.numel()
+    return owned
 
 
 class DispatchEstimator:
     """flopcount's own counter: every aten op, forward and backward (and optimizer), per module, with bytes."""
 
     name = "dispatch"
-    phases = ("forward", "backward", "optimizer")
+    capabilities = Capabilities(phases=("forward", "backward", "optimizer"), devices=("meta", "cpu", "cuda"),
+                                loss_fn=True, real_weights=False)
 
-    def estimate(self, model, inputs, **options) -> FlopReport:
-        return count_step(model, inputs, **options)
+    def estimate(self, request: Request) -> FlopReport:
+        return count_step(request.model, request.inputs, backward=request.backward, loss_fn=request.loss_fn,
+                          device=request.device or "meta", optimizer=request.optimizer,
+                          model_name=request.model_name)

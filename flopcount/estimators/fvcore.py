@@ -1,9 +1,10 @@
 """fvcore's forward count, the 2021 study's "theoretical" method: forward x 3 for a training step.
 
 fvcore traces the model with the TorchScript tracer and counts one per multiply-add (MACs) for the ops it knows.
-Here each count is doubled (1 FMA = 2 FLOPs; the native count stays in ``native``), backward is taken as 2 x forward
-(an assumption, not a measurement: the study's), and every op fvcore does not support is listed as uncounted with
-its call count, forward and backward alike, instead of being dropped.
+Here each count is doubled (1 FMA = 2 FLOPs; the native count stays in ``native``), backward, when it is asked for,
+is taken as 2 x forward (an assumption, not a measurement: the study's; without backward the report is the forward
+count alone), and every op fvcore does not support is listed as uncounted with its call count, in each phase
+reported, instead of being dropped.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import warnings
 from collections import Counter
 
 from ..report import COUNTED, UNCOUNTED, FlopReport
-from .base import as_args, peer_inputs, require, run_failed, untouched
+from .base import Capabilities, Request, as_args, peer_inputs, peer_report, require, run_failed, untouched
 
 # fvcore's own op keys -> aten packet names as the rest of the toolkit spells them
 _OP_NAMES = {"conv": "aten.convolution"}
@@ -45,14 +46,14 @@ class FvcoreEstimator:
     """fvcore FlopCountAnalysis, forward counted, backward = 2 x forward (the study's "theory")."""
 
     name = "fvcore"
-    phases = ("forward", "backward")
-    cache_key = "fvcore"  # compare runs fvcore once for both names
+    capabilities = Capabilities(phases=("forward", "backward"), assumed=("backward",))
+    cache_key = "fvcore"  # theory is the same computation: compare runs it once for both names
 
-    def estimate(self, model, inputs, **options) -> FlopReport:
+    def estimate(self, request: Request) -> FlopReport:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # fvcore's import and tracer warn about TorchScript's deprecation
             fvnn = require("fvcore.nn")
-        inputs = peer_inputs(model, inputs, self.name)
+        model, inputs = request.model, peer_inputs(request.inputs)
         try:
             with untouched(model), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -63,9 +64,11 @@ class FvcoreEstimator:
         except Exception as exc:
             raise run_failed(self.name, exc) from None
 
+        # Without backward the assumption has nothing to stand for: the report is the forward count alone.
+        factors = (("forward", 1), ("backward", 2)) if request.backward else (("forward", 1),)
         kids = _children(model)
         rows = []
-        for phase, factor in (("forward", 1), ("backward", 2)):
+        for phase, factor in factors:
             for module, ops in _self_counts(per_module, kids).items():
                 for key, n in ops.items():
                     rows.append(dict(module=module, op=_op_name(key), phase=phase, status=COUNTED,
@@ -74,19 +77,12 @@ class FvcoreEstimator:
                 for key, calls in ops.items():
                     rows.append(dict(module=module, op=_op_name(key), phase=phase, status=UNCOUNTED,
                                      flops=0, native=0, calls=calls))
-        return FlopReport.from_rows(
-            rows, model=type(model).__name__, batch_size=_batch(inputs), estimator=self.name,
-            phases=self.phases, notes=[BACKWARD_NOTE, "fvcore counts MACs; flops = 2 x native"],
-            meta={"device": "cpu", "native_unit": "MAC"},
-        )
+        notes = ([BACKWARD_NOTE] if request.backward else []) + ["fvcore counts MACs; flops = 2 x native"]
+        return peer_report(rows, request, self.name, phases=tuple(p for p, _ in factors), notes=notes,
+                           native_unit="MAC")
 
 
 class TheoryEstimator(FvcoreEstimator):
     """The study's name for the fvcore method: forward MACs x 2 FLOPs, x 3 for forward + backward."""
 
     name = "theory"
-
-
-def _batch(inputs):
-    first = as_args(inputs)[0]
-    return int(first.shape[0]) if hasattr(first, "shape") and len(first.shape) else None

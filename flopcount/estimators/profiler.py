@@ -13,20 +13,10 @@ import os
 from collections import defaultdict
 
 import torch
-import torch.nn.functional as F
 
 from .. import formulas
 from ..report import COUNTED, UNCOUNTED, ZERO, FlopReport
-from .base import as_args, peer_inputs, run_failed, untouched
-
-
-def _loss(output):
-    """The dispatch estimator's default: cross-entropy against class 0 for logits, else the sum of outputs."""
-    if isinstance(output, torch.Tensor) and output.dim() == 2 and output.dtype.is_floating_point:
-        return F.cross_entropy(output, torch.zeros(output.shape[0], dtype=torch.long))
-    leaves = [t for t in torch.utils._pytree.tree_leaves(output)
-              if isinstance(t, torch.Tensor) and t.dtype.is_floating_point and t.requires_grad]
-    return sum(t.sum() for t in leaves)
+from .base import Capabilities, Request, as_args, peer_inputs, peer_report, run_failed, untouched
 
 
 @contextlib.contextmanager
@@ -83,12 +73,12 @@ class ProfilerEstimator:
     """torch.profiler FLOPs of one training step on CPU: forward and the backward ops it knows."""
 
     name = "profiler"
-    phases = ("forward", "backward")
+    capabilities = Capabilities(phases=("forward", "backward"), loss_fn=True)
 
-    def estimate(self, model, inputs, *, backward: bool = True, loss_fn=None, **options) -> FlopReport:
+    def estimate(self, request: Request) -> FlopReport:
         from torch.profiler import ProfilerActivity, profile
 
-        inputs = peer_inputs(model, inputs, self.name)
+        model, inputs, backward = request.model, peer_inputs(request.inputs), request.backward
         acc = defaultdict(lambda: [0, 0])
         grads = {p: p.grad for p in model.parameters()}  # the caller's gradients survive our backward
         for p in grads:
@@ -98,7 +88,7 @@ class ProfilerEstimator:
                 with torch.enable_grad():
                     with profile(activities=[ProfilerActivity.CPU], with_flops=True) as fwd:
                         output = model(*as_args(inputs))
-                        loss = (loss_fn or _loss)(output) if backward else None
+                        loss = request.loss(output) if backward else None
                     _collect(fwd.events(), "forward", acc)
                     if backward and loss is not None and loss.requires_grad:
                         with profile(activities=[ProfilerActivity.CPU], with_flops=True) as bwd:
@@ -111,11 +101,9 @@ class ProfilerEstimator:
                 p.grad = g
         rows = [dict(module="", op=op, phase=phase, status=st, flops=n, native=n, calls=c)
                 for (op, phase, st), (n, c) in acc.items()]
-        first = as_args(inputs)[0]
-        return FlopReport.from_rows(
-            rows, model=type(model).__name__, batch_size=int(first.shape[0]) if hasattr(first, "shape") else None,
-            estimator=self.name, phases=("forward", "backward") if backward else ("forward",),
+        return peer_report(
+            rows, request, self.name, phases=("forward", "backward") if backward else ("forward",),
             notes=["torch.profiler counts 2 FLOPs per multiply-add; only conv, mm/addmm/bmm/baddbmm, add, mul "
                    "carry FLOPs; backward convolutions are not counted"],
-            meta={"device": "cpu", "native_unit": "FLOP"},
+            native_unit="FLOP",
         )

@@ -17,17 +17,10 @@ from collections import defaultdict
 
 from .. import formulas
 from ..report import COUNTED, UNCOUNTED, ZERO, FlopReport
-from .base import as_args, module_stack, peer_inputs, require, run_failed, untouched
+from .base import Capabilities, Request, as_args, module_stack, peer_inputs, peer_report, require, run_failed, untouched
 
 _NOTE = "ptflops counts MACs; flops = 2 x native; forward only"
-
-
-def _report(rows, model, inputs, name, notes):
-    first = as_args(inputs)[0]
-    return FlopReport.from_rows(
-        rows, model=type(model).__name__, batch_size=int(first.shape[0]) if hasattr(first, "shape") else None,
-        estimator=name, phases=("forward",), notes=notes, meta={"device": "cpu", "native_unit": "MAC"},
-    )
+_FORWARD_ONLY = Capabilities(phases=("forward",))
 
 
 class _Collector(list):
@@ -50,12 +43,12 @@ class PtflopsEstimator:
     """ptflops, ``pytorch`` backend: module hooks and patched functionals."""
 
     name = "ptflops"
-    phases = ("forward",)
+    capabilities = _FORWARD_ONLY
 
-    def estimate(self, model, inputs, **options) -> FlopReport:
+    def estimate(self, request: Request) -> FlopReport:
         require("ptflops")
         engine = require("ptflops.pytorch_engine")
-        inputs = peer_inputs(model, inputs, self.name)
+        model, inputs = request.model, peer_inputs(request.inputs)
         acc = defaultdict(lambda: [0, 0])
         added = ("start_flops_count", "stop_flops_count", "reset_flops_count", "compute_average_flops_cost")
         try:
@@ -82,20 +75,20 @@ class PtflopsEstimator:
             raise run_failed(self.name, exc) from None
         rows = [dict(module=m, op=op, phase="forward", status=COUNTED, flops=2 * n, native=n, calls=c)
                 for (m, op), (n, c) in acc.items()]
-        return _report(rows, model, inputs, self.name,
-                       [_NOTE, "module types and functions ptflops does not know are not listed (it cannot see them)"])
+        return peer_report(rows, request, self.name, phases=("forward",), native_unit="MAC", notes=[
+            _NOTE, "module types and functions ptflops does not know are not listed (it cannot see them)"])
 
 
 class PtflopsAtenEstimator:
     """ptflops, ``aten`` backend: its dispatch-mode counter, with every op it does not count listed."""
 
     name = "ptflops-aten"
-    phases = ("forward",)
+    capabilities = _FORWARD_ONLY
 
-    def estimate(self, model, inputs, **options) -> FlopReport:
+    def estimate(self, request: Request) -> FlopReport:
         require("ptflops")
         aten_engine = require("ptflops.aten_engine")
-        inputs = peer_inputs(model, inputs, self.name)
+        model, inputs = request.model, peer_inputs(request.inputs)
         acc = defaultdict(lambda: [0, 0])
 
         class Mode(aten_engine.FlopCounterMode):
@@ -119,4 +112,4 @@ class PtflopsAtenEstimator:
         for (m, op, counted), (n, calls) in acc.items():
             status = COUNTED if counted else (ZERO if op in formulas.ZERO_FLOP else UNCOUNTED)
             rows.append(dict(module=m, op=op, phase="forward", status=status, flops=2 * n, native=n, calls=calls))
-        return _report(rows, model, inputs, self.name, [_NOTE])
+        return peer_report(rows, request, self.name, phases=("forward",), notes=[_NOTE], native_unit="MAC")

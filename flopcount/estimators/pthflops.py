@@ -14,7 +14,7 @@ import io
 from collections import defaultdict
 
 from ..report import COUNTED, UNCOUNTED, ZERO, FlopReport
-from .base import as_args, peer_inputs, require, run_failed, untouched
+from .base import Capabilities, Request, as_args, peer_inputs, peer_report, require, run_failed, untouched
 
 # Graph nodes that compute nothing: pthflops rightly gives them 0.
 _ZERO_MODULES = {"Dropout", "Identity", "Flatten", "Sequential", "Unflatten", "Dropout2d", "StochasticDepth"}
@@ -29,12 +29,11 @@ class PthflopsEstimator:
     """pthflops ``count_ops`` in fx mode, per graph node."""
 
     name = "pthflops"
-    phases = ("forward",)
+    capabilities = Capabilities(phases=("forward",))
 
-    def estimate(self, model, inputs, **options) -> FlopReport:
+    def estimate(self, request: Request) -> FlopReport:
         ops_fx = require("pthflops.ops_fx")
-        inputs = peer_inputs(model, inputs, self.name)
-        args = as_args(inputs)
+        model, args = request.model, as_args(peer_inputs(request.inputs))
         try:
             # pthflops prints as it goes; its eval() switch is undone by untouched()
             with untouched(model), contextlib.redirect_stdout(io.StringIO()):
@@ -65,13 +64,10 @@ class PthflopsEstimator:
             acc[key][1] += 1
         rows = [dict(module=m, op=op, phase="forward", status=st, flops=2 * n, native=n, calls=c)
                 for (m, op, st), (n, c) in acc.items()]
-        first = args[0]
-        return FlopReport.from_rows(
-            rows, model=type(model).__name__, batch_size=int(first.shape[0]) if hasattr(first, "shape") else None,
-            estimator=self.name, phases=self.phases,
+        return peer_report(
+            rows, request, self.name, phases=("forward",), native_unit="MAC",
             notes=["pthflops counts MACs for conv/linear (bias included) and per-element ops otherwise; "
                    "flops = 2 x native; forward only"],
-            meta={"device": "cpu", "native_unit": "MAC"},
         )
 
 

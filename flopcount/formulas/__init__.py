@@ -101,4 +101,4 @@ def existing(*names: str) -> list:
 
 
 # The families register themselves on import; keep this list in step with the modules of this package.
-from . import matmul, conv, attention, norm, pooling, pointwise, reduction, memory  # noqa: E402,F401
+from . import matmul, conv, attention, norm, pooling, pointwise, reduction, memory, rnn  # noqa: E402,F401

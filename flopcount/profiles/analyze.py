@@ -23,11 +23,11 @@ import numpy as np
 import pandas as pd
 
 from .. import formulas
-from ..report import COUNTED, UNCOUNTED, ZERO, FlopReport
+from ..report import FlopReport
 from . import markers
-from .flops import POOL_NOTE, SCALE_NOTE, Context, derive
-from .ranges import ancestors_fill, innermost, nest, subtree_sum
 from .nsys import Profile, ProfileError, load
+from .opflops import STATUS, op_flops
+from .ranges import innermost, nest_arrays, subtree_sum
 
 NO_SHAPES = ("this profile was recorded without record_shapes: FLOPs cannot be derived from its markers "
              "(capture with emit_nvtx(record_shapes=True)); GPU time per op follows")
@@ -49,7 +49,15 @@ class Analysis:
     ranges: int
     notes: list = field(default_factory=list)
     path: str = ""
+    devices: list = field(default_factory=list)  # GPU names (a torch.profiler trace's deviceProperties)
+    time_source: str = "device"  # "cpu" where the profile has no device activity (op time = CPU time)
     op_ranges: Optional[pd.DataFrame] = None  # one row per op call: start, tid, op, phase, flops, status
+
+    def flops_per_s(self, phase: Optional[str] = None) -> float:
+        """Achieved FLOP/s of a phase (or all): its de-duplicated FLOPs over its ops' time."""
+        f = self.ops if phase is None else self.ops[self.ops["phase"] == phase]
+        t = float(f["gpu_s"].sum())
+        return float(f["flops"].sum()) / t if t > 0 and self.has_shapes else float("nan")
 
     def gpu_seconds(self, phase: Optional[str] = None) -> float:
         f = self.ops if phase is None else self.ops[self.ops["phase"] == phase]
@@ -100,41 +108,55 @@ def _top_down(parent, depth, own, inherit):
     return out
 
 
-def _kernel_dtype(names: pd.Series) -> pd.Series:
+def _kernel_dtype(names) -> np.ndarray:
     """'int' where a kernel's template arguments name only integer/bool element types, 'float' where a float
-    type appears, '' where the name says nothing (library GEMMs)."""
-    uniq = pd.Series(names.unique())
+    type appears, '' where the name says nothing (library GEMMs); once per distinct name."""
+    cat = pd.Categorical(names)
+    uniq = pd.Series(np.asarray(cat.categories, dtype=object), dtype=object).astype(str)
     kind = np.where(uniq.str.contains(_FLOAT_TYPES), "float", np.where(uniq.str.contains(_INT_TYPES), "int", ""))
-    return names.map(dict(zip(uniq, kind)))
+    return np.asarray(kind, dtype=object)[cat.codes] if len(kind) else np.zeros(len(cat), dtype=object)
+
+
+def _phase_of(u: str) -> int:
+    if u.startswith("Optimizer."):
+        return 2
+    return 1 if markers.is_backward_node(u) or markers.is_engine_wrapper(u) else 0
+
+
+PHASES = np.array(["forward", "backward", "optimizer"], dtype=object)
 
 
 def analyze(path_or_profile, naive: bool = False) -> Analysis:
-    """Analyse an Nsight Systems SQLite export (or a loaded Profile). ``naive`` also shapes the FlopReport:
-    with it, the report holds the naive count instead of the de-duplicated one (``ops`` always has both)."""
+    """Analyse an Nsight Systems SQLite export (or a loaded Profile, of either reader). ``naive`` also shapes the
+    FlopReport: with it, the report holds the naive count instead of the de-duplicated one (``ops`` always has
+    both)."""
     prof = path_or_profile if isinstance(path_or_profile, Profile) else load(path_or_profile)
     if prof.ranges.empty:  # the file has only flopcount.nvtx's ranges: nothing marks an op
         raise ProfileError(f"{prof.path}: no emit_nvtx markers, only the ranges of flopcount.nvtx.annotate: read them "
                            "with --by step|phase|module (profiles.annotations)")
-    r = nest(prof.ranges)  # the reader already split each marker into name, seq, op_id and sizes
-    name = r["name"].to_numpy(object)
+    r = prof.ranges
+    if not isinstance(r["name"].dtype, pd.CategoricalDtype):
+        r = r.assign(name=r["name"].astype("category"))
+    if "sizes" not in r or not isinstance(r["sizes"].dtype, pd.CategoricalDtype):
+        r = r.assign(sizes=(r["sizes"] if "sizes" in r else pd.Series([None] * len(r))).astype("category"))
+    start = r["start"].to_numpy(np.int64)
+    end = r["end"].to_numpy(np.int64)
+    depth, parent = nest_arrays(start, end, r["tid"].to_numpy(np.int64))
+    r = r.assign(depth=depth, parent=parent)
+    name_cats = np.asarray(r["name"].cat.categories, dtype=object)
+    name_codes = r["name"].cat.codes.to_numpy().astype(np.int64)
     seq = r["seq"].to_numpy(np.int64)
-    has_shapes = bool(r["sizes"].notna().any())
-    parent = r["parent"].to_numpy(np.int64)
-    depth = r["depth"].to_numpy(np.int64)
+    has_shapes = bool((r["sizes"].cat.codes.to_numpy() >= 0).any())
     n = len(r)
 
-    # --- classification per unique name (hundreds), then spread to rows ---------------------------------------
-    aten = {u: markers.is_aten(u) for u in pd.unique(name)}
-    op_like = per_name(name, lambda u: aten[u] and not is_composite(u), bool)
+    def by_name(fn, dtype=bool):
+        vals = np.array([fn(str(u)) for u in name_cats], dtype=dtype)
+        return vals[name_codes] if len(vals) else np.zeros(n, dtype=dtype)
 
-    def phase_of(u):
-        if u.startswith("Optimizer."):
-            return 2
-        return 1 if markers.is_backward_node(u) or markers.is_engine_wrapper(u) else 0
-
-    phase_code = per_name(name, phase_of, np.int64)
-    phase_code = _top_down(parent, depth, phase_code, lambda v: v > 0)
-    phase = np.array(["forward", "backward", "optimizer"], dtype=object)[phase_code]
+    # --- classification per distinct name (hundreds), then spread to rows ------------------------------------
+    aten = np.array([markers.is_aten(str(u)) for u in name_cats], dtype=bool)
+    op_like = by_name(lambda u: markers.is_aten(u) and not is_composite(u))
+    phase = _top_down(parent, depth, by_name(_phase_of, np.int64), lambda v: v > 0)
 
     # the op a range belongs to: the outermost op-like range on its path (itself if none above)
     own = np.where(op_like, np.arange(n), -1)
@@ -147,50 +169,46 @@ def analyze(path_or_profile, naive: bool = False) -> Analysis:
     inner = np.full(len(k), -1, dtype=np.int64)
     inner[launched] = innermost(r, k["launch_tid"].to_numpy()[launched], k["launch_start"].to_numpy()[launched])
     in_range = inner >= 0
-    kdur = (k["end"].to_numpy(np.int64) - k["start"].to_numpy(np.int64))
-    kdtype = _kernel_dtype(k["name"]).to_numpy(object) if len(k) else np.zeros(0, object)
+    kdur = k["end"].to_numpy(np.int64) - k["start"].to_numpy(np.int64)
+    kdtype = _kernel_dtype(k["name"]) if len(k) else np.zeros(0, object)
     # a kernel under no op (a composite's own kernel, an NCCL range) is charged to its innermost range
-    owner = np.where(in_range, np.where(op_of[np.maximum(inner, 0)] >= 0, op_of[np.maximum(inner, 0)], inner), -1)
+    safe = np.maximum(inner, 0)
+    owner = np.where(in_range, np.where(op_of[safe] >= 0, op_of[safe], inner), -1) if n else inner
     kcount_own = np.bincount(inner[in_range], minlength=n) if n else np.zeros(0, np.int64)
     ktime = np.bincount(owner[in_range], weights=kdur[in_range], minlength=n) if n else np.zeros(0)
     kcount = np.bincount(owner[in_range], minlength=n) if n else np.zeros(0, np.int64)
     int_k = np.bincount(owner[in_range & (kdtype == "int")], minlength=n) if n else np.zeros(0, np.int64)
     float_k = np.bincount(owner[in_range & (kdtype == "float")], minlength=n) if n else np.zeros(0, np.int64)
     under = subtree_sum(parent, depth, kcount_own)  # kernels launched anywhere inside each range (naive)
+    if prof.cpu_times:  # no device activity: an op's time is its own range's
+        ktime = np.where(is_op, end - start, 0).astype(np.float64)
 
-    notes = []
-    flops = np.full(n, -1, dtype=np.int64)  # -1: not derived
-    reason = np.full(n, "", dtype=object)
-    status = np.full(n, "", dtype=object)
-    naive_flops = np.zeros(n, dtype=np.int64)
+    notes = list(prof.notes)
+    for why, count in prof.skipped.items():
+        notes.append(f"{count:,} row(s) skipped: {why}")
+    flops = np.full(n, -1, dtype=np.int64)
+    status = np.zeros(n, dtype=np.int8)
     if has_shapes:
-        flops, reason, status, naive_flops = _flops(r, name, seq, phase, is_op, parent, depth, int_k, float_k,
-                                                     under, notes)
+        flops, status = op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, int_k, float_k,
+                                 prof.sizes_format, notes)
+    # the 2021 tool's count: a range's FLOPs are charged again for every kernel launched anywhere inside it
+    naive_flops = np.where(flops > 0, flops, 0) * under
 
-    # --- the per-op table -------------------------------------------------------------------------------------
-    op_names = per_name(name, lambda u: markers.packet(u) if aten.get(u) else u)
-    rows = pd.DataFrame({
-        "op": op_names,
-        "phase": phase,
-        "is_op": is_op,
-        "flops": np.where(flops >= 0, flops, 0),
-        "derived": flops >= 0,
-        "status": status,
-        "reason": reason,
-        "kernels": kcount,
-        "gpu_ns": ktime,
-        "naive_flops": naive_flops,
-    })
-    charged = rows["is_op"] | (rows["kernels"] > 0)
-    naive_only = (~rows["is_op"]) & (rows["naive_flops"] > 0)
-    sel = rows[charged | naive_only].copy()
-    sel.loc[~sel["is_op"], ["flops"]] = 0
-    sel["calls"] = sel["is_op"].astype(np.int64)
-    sel["underived"] = (sel["is_op"] & ~sel["derived"] & (sel["status"] == UNCOUNTED)).astype(np.int64)
-    ops = (sel.groupby(["op", "phase"], sort=False)
-           .agg(flops=("flops", "sum"), naive_flops=("naive_flops", "sum"), calls=("calls", "sum"),
-                kernels=("kernels", "sum"), gpu_ns=("gpu_ns", "sum"), underived=("underived", "sum"))
-           .reset_index())
+    # --- the per-op table: one group per (name, phase) ----------------------------------------------------------
+    charged = is_op | (kcount > 0) | (~is_op & (naive_flops > 0))
+    sel = np.flatnonzero(charged)
+    g = pd.DataFrame({"key": name_codes[sel] * 3 + phase[sel],
+                      "flops": np.where(is_op[sel] & (flops[sel] > 0), flops[sel], 0),
+                      "naive_flops": naive_flops[sel], "calls": is_op[sel].astype(np.int64),
+                      "kernels": kcount[sel], "gpu_ns": ktime[sel],
+                      "underived": (is_op[sel] & (status[sel] == 2) & (flops[sel] < 0)).astype(np.int64)})
+    ops = g.groupby("key", sort=False).sum().reset_index()
+    packets = np.array([markers.packet(str(u)) if markers.is_aten(str(u)) else str(u) for u in name_cats],
+                       dtype=object)
+    ops.insert(0, "op", packets[ops["key"].to_numpy() // 3] if len(ops) else np.zeros(0, object))
+    ops.insert(1, "phase", PHASES[ops["key"].to_numpy() % 3] if len(ops) else np.zeros(0, object))
+    ops = ops.drop(columns=["key"])
+    ops = ops.groupby(["op", "phase"], sort=False).sum().reset_index()  # two names, one packet (rare)
     ops["gpu_s"] = ops["gpu_ns"] / 1e9
     ops = ops.drop(columns=["gpu_ns"])
     ops["family"] = [formulas.op_family(o) for o in ops["op"]]
@@ -213,123 +231,37 @@ def analyze(path_or_profile, naive: bool = False) -> Analysis:
 
     report = None
     if has_shapes:
-        report = _report(op_names, phase, is_op, flops, status, naive_flops, naive, prof, notes)
-    op_ranges = pd.DataFrame({"start": r["start"].to_numpy(), "tid": r["tid"].to_numpy(), "op": op_names,
-                              "phase": phase, "flops": np.maximum(flops, 0), "status": status})[is_op]
+        report = _report(packets, name_codes, phase, is_op, flops, status, naive_flops, naive, prof, notes)
+    op_ranges = pd.DataFrame({"start": start[is_op], "tid": r["tid"].to_numpy(np.int64)[is_op],
+                              "op": packets[name_codes[is_op]], "phase": PHASES[phase[is_op]],
+                              "flops": np.maximum(flops[is_op], 0), "status": STATUS[status[is_op]]})
     return Analysis(ops=ops, report=report, has_shapes=has_shapes, kernels=len(k), kernels_unlaunched=unl,
-                    kernels_outside_ranges=outside, ranges=n, notes=notes, path=prof.path, op_ranges=op_ranges)
+                    kernels_outside_ranges=outside, ranges=n, notes=notes, path=prof.path,
+                    devices=list(prof.devices), time_source="cpu" if prof.cpu_times else "device",
+                    op_ranges=op_ranges)
 
 
-def _flops(r, name, seq, phase, is_op, parent, depth, int_k, float_k, under, notes):
-    n = len(r)
-    sizes_txt = r["sizes"].to_numpy(object)
-    flops = np.full(n, -1, dtype=np.int64)
-    reason = np.full(n, "", dtype=object)
-    status = np.full(n, "", dtype=object)
-    naive_flops = np.zeros(n, dtype=np.int64)
-    is_fwd = phase == "forward"
-
-    # Backward node ranges (``XxxBackward0, seq = N, sizes = [grads of the forward op's outputs]``) link to the
-    # last forward op with seq N: autograd numbers a node when the op that creates it runs, and later ops see N+1.
-    node = per_name(name, markers.is_backward_node, bool)
-    node_sizes = {}
-    for i in np.flatnonzero(node & (seq >= 0)):
-        if sizes_txt[i] is not None and sizes_txt[i] == sizes_txt[i]:
-            node_sizes.setdefault(int(seq[i]), markers.parse_sizes(sizes_txt[i]))
-        else:
-            node_sizes.setdefault(int(seq[i]), None)
-    fwd_ops = np.flatnonzero(is_op & is_fwd & (seq >= 0))
-    creator = {}
-    for i in fwd_ops[np.argsort(r["start"].to_numpy()[fwd_ops], kind="stable")]:
-        creator[int(seq[i])] = i  # the last one wins
-    # the step's input feeds the first op of each forward pass (a profile may hold several steps): a forward op
-    # is a pass's first where a backward or optimizer op started since the forward op before it
-    t = r["start"].to_numpy()
-    fwd_t = np.sort(t[fwd_ops])
-    other = np.sort(t[is_op & ~is_fwd])
-    first = np.searchsorted(other, fwd_t) > np.searchsorted(other, np.concatenate(([t.min() - 1], fwd_t[:-1])))
-    first[:1] = True
-    first_seqs = set(seq[fwd_ops[np.argsort(t[fwd_ops], kind="stable")][first]].tolist())
-
-    def fwd_info(s):
-        """(has_bias, input_needs_grad) of the forward op that created backward node ``s``."""
-        i = creator.get(s)
-        if i is None:
-            return None, True
-        sz = markers.parse_sizes(sizes_txt[i]) if isinstance(sizes_txt[i], str) else []
-        return len(sz) > 2 and bool(sz[2]), s not in first_seqs
-    if any(markers.packet(x).startswith("aten.max_pool") for x in set(name[is_op])):
-        notes.append(POOL_NOTE)
-    if first_seqs:
-        notes.append("assumed the step's input does not require a gradient (no grad_input for the first layer)")
-
-    # the backward node enclosing each backward op (for its forward link)
-    node_of = ancestors_fill(parent, depth, np.where(node, np.arange(len(node)), -1))
-    cache = {}
-    formula_rows = np.flatnonzero(per_name(
-        name, lambda u: markers.is_aten(u) and formulas.lookup(markers.packet(u)) is not None, bool))
-    zero_rows = per_name(name, lambda u: markers.packet(u) in formulas.ZERO_FLOP, bool)
-    if (phase[formula_rows] == "optimizer").any():
-        notes.append(SCALE_NOTE)
-    for i in formula_rows:
-        txt = sizes_txt[i]
-        if not isinstance(txt, str):
-            reason[i] = "no sizes in marker"
-            continue
-        s = int(seq[i])
-        if is_fwd[i]:
-            linked = s >= 0 and creator.get(s) == i and s in node_sizes
-            out = node_sizes.get(s) if linked else None
-            ctx = Context(out=tuple(tuple(x) for x in out) if out else None, linked=linked)
-        elif phase[i] == "optimizer":
-            ctx = Context(scaled=True)
-        else:
-            nd = node_of[i]
-            ns = int(seq[nd]) if nd >= 0 else -1
-            has_bias, needs = fwd_info(ns)
-            ctx = Context(input_needs_grad=needs, forward_has_bias=has_bias)
-        key = (name[i], txt, ctx)
-        if key not in cache:
-            cache[key] = derive(name[i], markers.parse_sizes(txt), ctx)
-        f, why = cache[key]
-        if f is not None:
-            flops[i] = f
-        reason[i] = why
-    # integer work is not floating-point work: an op whose kernels all name integer element types counts 0
-    int_only = (int_k > 0) & (float_k == 0)
-    flops[int_only & (flops > 0)] = 0
-    has_formula = np.zeros(n, dtype=bool)
-    has_formula[formula_rows] = True
-    status[is_op & has_formula] = np.where(flops[is_op & has_formula] >= 0, COUNTED, UNCOUNTED)
-    status[is_op & ~has_formula & zero_rows] = ZERO
-    status[is_op & ~has_formula & ~zero_rows] = UNCOUNTED
-    # the 2021 tool's count: a range's FLOPs are charged again for every kernel launched anywhere inside it
-    naive_flops = np.where(flops > 0, flops, 0) * under
-    failed = {}
-    for i in np.flatnonzero(is_op & has_formula & (flops < 0)):
-        failed.setdefault(f"{markers.packet(name[i])}: {reason[i]}", 0)
-        failed[f"{markers.packet(name[i])}: {reason[i]}"] += 1
-    for what, count in failed.items():
-        notes.append(f"FLOPs not derived for {count} call(s) of {what}")
-    return flops, reason, status, naive_flops
-
-
-def _report(op, phase, is_op, flops, status, naive_flops, naive, prof, notes) -> FlopReport:
+def _report(packets, name_codes, phase, is_op, flops, status, naive_flops, naive, prof, notes) -> FlopReport:
     if naive:
         sel = naive_flops > 0
-        f = pd.DataFrame({"op": op[sel], "phase": phase[sel], "flops": naive_flops[sel], "status": COUNTED,
-                          "calls": 1})
+        f = pd.DataFrame({"n": name_codes[sel], "p": phase[sel], "s": 1, "flops": naive_flops[sel], "calls": 1})
     else:
         sel = is_op
-        f = pd.DataFrame({"op": op[sel], "phase": phase[sel], "flops": np.maximum(flops[sel], 0),
-                          "status": status[sel], "calls": 1})
-    g = f.groupby(["op", "phase", "status"], sort=False)[["flops", "calls"]].sum().reset_index()
+        f = pd.DataFrame({"n": name_codes[sel], "p": phase[sel], "s": status[sel].astype(np.int64),
+                          "flops": np.maximum(flops[sel], 0), "calls": 1})
+    g = f.groupby(["n", "p", "s"], sort=False)[["flops", "calls"]].sum().reset_index()
+    g.insert(0, "op", packets[g["n"].to_numpy()] if len(g) else np.zeros(0, object))
+    g["phase"] = PHASES[g["p"].to_numpy()] if len(g) else np.zeros(0, object)
+    g["status"] = STATUS[g["s"].to_numpy()] if len(g) else np.zeros(0, object)
+    g = g.drop(columns=["n", "p", "s"]).groupby(["op", "phase", "status"], sort=False)[["flops", "calls"]].sum()
+    g = g.reset_index()
     g["module"] = ""
     g["dtype"] = ""
     g["family"] = [formulas.op_family(o) for o in g["op"]]
     g["bytes"] = 0
-    phases = [p for p in ("forward", "backward", "optimizer") if (phase == p).any()]
-    return FlopReport(frame=g, model="", estimator="nvtx-naive" if naive else "nvtx", phases=phases or ["forward"],
+    phases = [p for i, p in enumerate(PHASES) if (phase == i).any()]
+    source = "trace" if prof.sizes_format == "kineto" else "nvtx"
+    return FlopReport(frame=g, model="", estimator=f"{source}-naive" if naive else source, phases=phases or ["forward"],
                       notes=list(notes) + ["bytes are not derived (markers carry no dtype)"],
                       meta={"profile": prof.path, "schema": prof.schema_version,
                             "exporter": prof.product_version})

@@ -70,6 +70,40 @@ def capture(model: str, batch: int, out: str = "run", input_shape=None, num_clas
     return f"{out}.sqlite"
 
 
+def capture_kineto(model: str, batch: int, out: str = "run", input_shape=None, num_classes=None, device=None) -> str:
+    """Record one training step of ``model`` with torch.profiler (``record_shapes=True``) after one warm-up step,
+    on the GPU where there is one (kernels and their launches), else the CPU; write ``out``.json.gz and return
+    its path. Runs in this process: torch.profiler needs no outside tool."""
+    import gzip
+    import os
+    import shutil as _shutil
+    import tempfile
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    step = training_step(model, batch, device=device, input_shape=input_shape, num_classes=num_classes)
+    step()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    sync()
+    with profile(activities=activities, record_shapes=True) as prof:
+        step()
+        sync()
+    path = out if out.endswith((".json", ".json.gz")) else f"{out}.json.gz"
+    folder = os.path.dirname(os.path.abspath(path))
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:
+        raw = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(raw)
+        if path.endswith(".gz"):
+            with open(raw, "rb") as src, gzip.open(raw + ".gz", "wb") as dst:
+                _shutil.copyfileobj(src, dst)
+            raw += ".gz"
+        os.replace(raw, path)
+    return path
+
+
 def training_step(model_spec: str, batch: int, *, device="cuda", input_shape=None, num_classes=None):
     """THE training step (``flopcount.step.make_train_step``: default loss, SGD lr 0.01) of ``model_spec`` on a
     random batch of ``batch`` example inputs on ``device``. The step's ``model`` and ``inputs`` are attached to it,

@@ -38,14 +38,17 @@ class Context:
 
 
 @lru_cache(maxsize=None)
-def _schemas(name: str):
+def _schemas(name: str, with_out: bool = False):
+    """The op's overloads as argument tuples; ``with_out``: the out= overloads only (older traces record their
+    ``out`` tensor as an argument)."""
     try:
         schemas = torch._C._jit_get_schemas_for_operator(name)
     except Exception:
         return ()
     out = []
     for s in schemas:
-        if s.overload_name.endswith("out") or any(a.name == "out" for a in s.arguments):
+        is_out = s.overload_name.endswith("out") or any(getattr(a, "is_out", False) for a in s.arguments)
+        if is_out != with_out:
             continue
         out.append(tuple((a.name, str(a.type), a.default_value if a.has_default_value() else _NO_DEFAULT, a.kwarg_only)
                          for a in s.arguments))
@@ -64,32 +67,126 @@ def _is_tensor_list(t: str) -> bool:
 
 
 def _fit(schema, sizes):
-    """Map sizes onto the schema's arguments; None if they do not fit. Returns [(name, type, default, value)]."""
-    n_list = sum(1 for _, t, _, _ in schema if _is_tensor_list(t))
-    fixed = len(schema) - n_list
-    if n_list == 0 and len(sizes) != len(schema):
-        return None
-    if n_list > 1 or (n_list == 1 and len(sizes) < fixed + 1):
-        return None
-    extra = len(sizes) - fixed  # entries taken by the one tensor list
+    """Map spliced marker sizes onto the schema's arguments; None if they do not fit.
+    Returns [(name, type, default, value)]."""
+    lists = [i for i, (_, t, _, _) in enumerate(schema) if _is_tensor_list(t)]
+    fixed = len(schema) - len(lists)
+    if not lists:
+        if len(sizes) != len(schema):
+            return None
+        counts = {}
+    else:
+        counts = _list_lengths(schema, lists, sizes, len(sizes) - fixed)
+        if counts is None:
+            return None
     out, i = [], 0
-    for name, typ, default, _ in schema:
-        if _is_tensor_list(typ):
-            out.append((name, typ, default, [torch.Size(s) for s in sizes[i:i + extra]]))
-            i += extra
+    for k, (name, typ, default, _) in enumerate(schema):
+        if k in counts:
+            n = counts[k]
+            # an empty list still leaves one ``[]`` entry in the marker
+            out.append((name, typ, default, [torch.Size(s) for s in sizes[i:i + n]]))
+            i += max(n, 1)
             continue
         s = sizes[i]
         i += 1
-        if _is_tensor_type(typ):
-            if typ in ("Tensor?", "Optional[Tensor]") and not s:
-                out.append((name, typ, default, None))
-            else:
-                out.append((name, typ, default, torch.Size(s)))
-        else:
-            if s:  # a non-tensor argument never has sizes
-                return None
-            out.append((name, typ, default, _NO_DEFAULT))
+        bound = _bind_one(typ, s)
+        if bound is _MISFIT:
+            return None
+        out.append((name, typ, default, bound))
     return out
+
+
+_MISFIT = object()
+
+
+def _bind_one(typ, s):
+    if _is_tensor_type(typ):
+        if typ in ("Tensor?", "Optional[Tensor]") and not s:
+            return None
+        return torch.Size(s)
+    if s:  # a non-tensor argument never has sizes
+        return _MISFIT
+    return _NO_DEFAULT
+
+
+def _list_lengths(schema, lists, sizes, entries):
+    """Lengths of the tensor lists of a schema, from the entries they take between them.
+
+    Several lists (``_foreach_add_(params, grads, alpha)``, the fused optimizers) have one length in every call
+    PyTorch makes, except optional ones left empty (Adam's ``max_exp_avg_sqs`` without amsgrad, SGD's momentum
+    buffers without momentum), which leave a single ``[]``. Which list was empty does not change a formula (they
+    read the first list); the first layout whose empty lists sit on ``[]`` entries is taken."""
+    from itertools import combinations
+
+    n_lists = len(lists)
+    if entries < 1:
+        return None
+    if n_lists == 1:
+        return {lists[0]: entries}
+    order = list(reversed(lists[1:-1])) + lists[-1:]  # the first list is never empty
+    for empty in range(0, n_lists):
+        rest = entries - empty
+        full = n_lists - empty
+        if rest % full or rest // full < 1:
+            continue
+        n = rest // full
+        for empties in combinations(order, empty):
+            counts = {k: (0 if k in empties else n) for k in lists}
+            if _empties_sit_on_blanks(schema, counts, sizes):
+                return counts
+    return None
+
+
+def _empties_sit_on_blanks(schema, counts, sizes) -> bool:
+    i = 0
+    for k in range(len(schema)):
+        if k in counts:
+            if counts[k] == 0 and (i >= len(sizes) or sizes[i]):
+                return False
+            i += max(counts[k], 1)
+        else:
+            i += 1
+    return i == len(sizes)
+
+
+def _fit_nested(schema, dims, types):
+    """Map Kineto's per-argument dims (a tensor list as a list of sizes) onto the schema; None if they do not fit."""
+    if len(dims) != len(schema):
+        return None
+    out = []
+    for k, ((name, typ, default, _), d) in enumerate(zip(schema, dims)):
+        kind = types[k] if types and k < len(types) else None
+        if _is_tensor_list(typ):
+            if not isinstance(d, list) or any(not isinstance(x, list) for x in d):
+                return None
+            if kind not in (None, "", "TensorList", "GenericList"):
+                return None
+            out.append((name, typ, default, [torch.Size(x) for x in d]))
+            continue
+        if kind == "TensorList" or (d and not all(isinstance(x, int) for x in d)):
+            return None
+        bound = _bind_one(typ, d)
+        if bound is _MISFIT:
+            return None
+        out.append((name, typ, default, bound))
+    return out
+
+
+def _best_fit(op: str, sizes, with_out: bool = False):
+    """The overload a spliced marker most likely called. ``_foreach_add_(params, grads, alpha)`` also fits
+    ``_foreach_add_(tensors, scalar)`` with twice the tensors; an overload whose second list repeats the first
+    one's sizes (a gradient per parameter) is the one PyTorch's optimizers call."""
+    first = None
+    for schema in _schemas(op, with_out):
+        fitted = _fit(schema, sizes)
+        if fitted is None:
+            continue
+        lists = [v for _, t, _, v in fitted if _is_tensor_list(t)]
+        if len(lists) > 1 and lists[1] == lists[0]:
+            return fitted
+        if first is None and len(lists) <= 1:
+            first = fitted
+    return first
 
 
 def _fill(name: str, typ: str, default):
@@ -99,6 +196,8 @@ def _fill(name: str, typ: str, default):
         return False
     if typ == "int" and name == "dim":
         return -1  # softmax-like ops over the last dimension (cross-entropy's log_softmax on (N, C) logits)
+    if typ == "float" and name in ("dropout_p", "dropout"):
+        return 0.0  # see ATTENTION_NOTE
     if typ == "int" and name == "reduction":
         return 1  # losses: PyTorch's default reduction, 'mean'
     return None
@@ -111,39 +210,58 @@ def _broadcast(shapes):
         return None
 
 
-def _infer(name: str, bound: dict, ctx: Context):
-    """Op-specific inference of the values a marker lacks; returns out_shape."""
+def _infer(name: str, bound: dict, ctx: Context, known=frozenset()):
+    """Op-specific inference of the values a marker lacks (``known``: arguments whose value was recorded);
+    returns out_shape."""
     out = ctx.out[0] if ctx.out else None
     base = name.split("::")[-1]
-    if base in ("convolution", "_convolution", "mkldnn_convolution", "cudnn_convolution", "miopen_convolution"):
+    if base in ("convolution", "_convolution", "mkldnn_convolution", "cudnn_convolution", "miopen_convolution",
+                "cudnn_convolution_relu", "cudnn_convolution_add_relu", "miopen_depthwise_convolution"):
         if out is None:
             raise CannotDerive("output size unknown (no backward node linked to this convolution)")
-        bound["transposed"] = False
-        x, w = bound.get("input"), bound.get("weight")
-        if x is not None and w is not None and len(w) > 1 and w[1]:
+        if "transposed" not in known:
+            bound["transposed"] = False
+        x, w = bound.get("input", bound.get("self")), bound.get("weight")
+        if "groups" not in known and x is not None and w is not None and len(w) > 1 and w[1]:
             bound["groups"] = x[1] // w[1]
+        return torch.Size(out)
+    if base in ("cudnn_convolution_transpose", "miopen_convolution_transpose"):
+        if out is None:
+            raise CannotDerive("output size unknown (no backward node linked to this transposed convolution)")
         return torch.Size(out)
     if base == "convolution_backward":
         x, w = bound["input"], bound["weight"]
         has_bias = bool(ctx.forward_has_bias)
-        bound["bias_sizes"] = [w[0]] if has_bias else None
-        bound["transposed"] = False
-        bound["groups"] = x[1] // w[1] if w[1] else 1
-        bound["output_mask"] = [ctx.input_needs_grad, True, has_bias]
+        guess = {"bias_sizes": [w[0]] if has_bias else None, "transposed": False,
+                 "groups": x[1] // w[1] if len(w) > 1 and w[1] else 1,
+                 "output_mask": [ctx.input_needs_grad, True, has_bias]}
+        bound.update({k: v for k, v in guess.items() if k not in known})
         return None
     if base in ("max_pool2d_with_indices", "max_pool2d", "max_pool1d", "max_pool3d", "max_pool1d_with_indices",
                 "max_pool3d_with_indices"):
         if out is None:
             raise CannotDerive("output size unknown (no backward node linked to this max-pool)")
-        bound["kernel_size"] = _pool_window(bound["self"], out)
+        if "kernel_size" not in known:
+            bound["kernel_size"] = _pool_window(bound["self"], out)
         return torch.Size(out)
-    if base == "native_batch_norm":
+    if "attention" in base:
+        # an undefined bias is recorded as ``[]``, like a 0-dim tensor, which no attention bias is
+        for k in ("attn_bias", "bias"):
+            if bound.get(k) == torch.Size([]) and k not in known:
+                bound[k] = None
+    if base in ("native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm") and "training" not in known:
+        # training when autograd linked a backward node to it (a training step), as eval-mode ops make none
         bound["training"] = ctx.linked
     if base == "native_batch_norm_backward":
         sm = bound.get("save_mean")
-        bound["train"] = sm is not None and numel_or0(sm) > 0
         has_w = bound.get("weight") is not None and len(bound["weight"]) > 0
-        bound["output_mask"] = [True, has_w, has_w]
+        guess = {"train": sm is not None and numel_or0(sm) > 0, "output_mask": [True, has_w, has_w]}
+        bound.update({k: v for k, v in guess.items() if k not in known})
+    if base in ("native_layer_norm_backward", "native_group_norm_backward", "_fused_rms_norm_backward") and \
+            "output_mask" not in known:
+        # grad_input unless the norm saw the step's input; weight and bias gradients where they exist
+        has = [bound.get(k) is not None and len(bound[k]) > 0 for k in ("weight", "bias")]
+        bound["output_mask"] = [ctx.input_needs_grad, has[0], has[1] if base != "_fused_rms_norm_backward" else False]
     if out is not None:
         return torch.Size(out)
     tensors = [v for _, v in bound.items() if isinstance(v, torch.Size)]
@@ -166,6 +284,8 @@ def _pool_window(x, out):
 POOL_NOTE = "max-pool window assumed (the marker has no kernel_size): 3x3 stride 2 padding 1 where that fits"
 SCALE_NOTE = ("optimizer ops: scale factors (alpha, value) assumed not 1, as a learning rate is (the marker has no "
               "scalar values)")
+ATTENTION_NOTE = ("fused attention: is_causal and dropout_p are not in the marker; taken as False and 0 (a causal "
+                  "model's attention is then counted in full, up to 2x its scores)")
 # Any value but 1 will do: a formula only asks whether the scale costs a multiply.
 _NOT_ONE = -1.0
 _SCALES = ("alpha", "value")
@@ -179,23 +299,35 @@ class CannotDerive(Exception):
     pass
 
 
-def derive(op: str, sizes, ctx: Context = Context()):
-    """(flops, reason): flops is None when they cannot be derived from this marker; ``op`` as ``aten::mm``."""
+def derive(op: str, sizes, ctx: Context = Context(), values=None, types=None):
+    """(flops, reason): flops is None when they cannot be derived from this marker; ``op`` as ``aten::mm``.
+
+    ``sizes`` as an emit_nvtx marker gives them (tensor lists spliced in), unless ``values`` is given: then one
+    entry per argument as a Kineto trace records them (``Input Dims``, a tensor list as a list of sizes), with
+    the recorded scalar values (``Concrete Inputs``, parsed; None where not recorded) and ``types``
+    (``Input type``). A recorded value replaces the inference of that argument."""
     fn = formulas.lookup(op.replace("::", ".", 1))
     if fn is None:
         return None, "no formula"
     fitted = None
-    for schema in _schemas(op):
-        fitted = _fit(schema, sizes)
+    for with_out in (False, True):
+        fitted = _best_fit(op, sizes, with_out) if values is None else next(
+            (f for f in (_fit_nested(sc, sizes, types) for sc in _schemas(op, with_out)) if f is not None), None)
         if fitted is not None:
             break
     if fitted is None:
-        return None, f"sizes {sizes} fit no schema of {op}"
+        return None, f"sizes {_short(sizes)} fit no schema of {op}"
     bound = {name: (_fill(name, typ, default) if value is _NO_DEFAULT else value) for name, typ, default, value in fitted}
+    known = set()
+    if values is not None:
+        for (name, typ, _, value), v in zip(fitted, values):
+            if value is _NO_DEFAULT and v is not None:
+                bound[name] = v
+                known.add(name)
     if ctx.scaled:
-        bound.update({k: _NOT_ONE for k in _SCALES if bound.get(k) == 1})
+        bound.update({k: _NOT_ONE for k in _SCALES if bound.get(k) == 1 and k not in known})
     try:
-        out_shape = _infer(op, bound, ctx)
+        out_shape = _infer(op, bound, ctx, frozenset(known))
     except CannotDerive as exc:
         return None, str(exc)
     positional = [bound[name] for name, _, _, _ in fitted if not _kwarg_only(op, name)]
@@ -203,12 +335,18 @@ def derive(op: str, sizes, ctx: Context = Context()):
     try:
         res = fn(*positional, out_shape=out_shape, **kwargs)
     except Exception as exc:
-        return None, f"formula failed on these sizes ({type(exc).__name__}: {exc})"
+        return None, f"formula failed on these sizes ({type(exc).__name__}: {_short(str(exc))})"
     return int(res[0] if isinstance(res, tuple) else res), ""
 
 
+def _short(x, limit: int = 120) -> str:
+    """A value quoted in a note, cut: a hostile marker must not make a note megabytes long."""
+    text = str(x)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _kwarg_only(op: str, arg: str) -> bool:
-    for schema in _schemas(op):
+    for schema in _schemas(op) + _schemas(op, True):
         for name, _, _, kw in schema:
             if name == arg:
                 return kw

@@ -27,11 +27,18 @@ def _thread_slices(tids: np.ndarray):
 def nest(ranges: pd.DataFrame) -> pd.DataFrame:
     """Add ``depth`` (0 = top level) and ``parent`` (row index, -1 at top level) to ranges sorted by
     (tid, start, -end), as ``nsys.load`` returns them."""
-    start = ranges["start"].to_numpy(np.int64)
-    end = ranges["end"].to_numpy(np.int64)
-    tids = ranges["tid"].to_numpy(np.int64)
-    depth = np.zeros(len(ranges), dtype=np.int64)
-    parent = np.full(len(ranges), -1, dtype=np.int64)
+    depth, parent = nest_arrays(ranges["start"].to_numpy(np.int64), ranges["end"].to_numpy(np.int64),
+                                ranges["tid"].to_numpy(np.int64))
+    out = ranges.copy()
+    out["depth"] = depth
+    out["parent"] = parent
+    return out
+
+
+def nest_arrays(start: np.ndarray, end: np.ndarray, tids: np.ndarray):
+    """(depth, parent) of ranges sorted by (tid, start, -end)."""
+    depth = np.zeros(len(start), dtype=np.int64)
+    parent = np.full(len(start), -1, dtype=np.int64)
     for _, lo, hi in _thread_slices(tids):
         s, e = start[lo:hi], end[lo:hi]
         # ends at or before each start; a zero-length range counts its own end, hence the correction
@@ -45,10 +52,7 @@ def nest(ranges: pd.DataFrame) -> pd.DataFrame:
             pos = np.searchsorted(s[up], s[child], side="right") - 1
             ok = pos >= 0
             parent[lo + child[ok]] = lo + up[pos[ok]]
-    out = ranges.copy()
-    out["depth"] = depth
-    out["parent"] = parent
-    return out
+    return depth, parent
 
 
 def innermost(ranges: pd.DataFrame, tid: np.ndarray, t: np.ndarray) -> np.ndarray:

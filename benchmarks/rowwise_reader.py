@@ -1,0 +1,181 @@
+"""The previous reader, kept as the benchmark's peer: one sqlite3 query per table, a Python tuple per row.
+
+Read an ``nsys export --type sqlite`` file: NVTX ranges, kernels, and each kernel's launch.
+
+The file is opened read-only (``mode=ro&immutable=1``: fixtures may live on read-only storage, and a profile is
+never modified). Everything is loaded set-wise: one SQL query per table, joins in pandas, no Python loop per row.
+
+Nsight's serialized GlobalId packs the process id in bits 24..47 and the thread id in bits 0..23, so the process
+of a thread is ``globalTid >> 24`` and a kernel's ``globalPid`` has the same upper bits as its launching thread.
+A kernel is joined to its launch by ``correlationId`` AND process: correlation ids are only unique per process,
+and a multi-process capture (one rank per GPU) repeats them.
+"""
+from __future__ import annotations
+
+import os
+import sqlite3
+from dataclasses import dataclass
+from urllib.parse import quote
+
+import numpy as np
+import pandas as pd
+
+from flopcount.errors import FlopcountError
+from flopcount.profiles import markers
+
+REQUIRED_TABLES = ("StringIds", "NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME",
+                   "META_DATA_EXPORT")
+# ENUM_NSYS_EVENT_TYPE ids, used when the file lacks the enum table (they have been stable across versions).
+_PUSH_POP, _START_END = 59, 60
+_OLDEST_SCHEMA_MAJOR = 3  # the export schema whose column names this reader uses
+
+
+class ProfileError(FlopcountError):
+    """The file is not a usable Nsight Systems SQLite export (foreign, truncated, missing a table, no NVTX)."""
+
+
+@dataclass
+class Profile:
+    """What the analysis needs from one export.
+
+    ``ranges``: push/pop NVTX ranges (start, end, tid, and the marker split into name, seq, op_id, sizes: see
+    markers.py), sorted by (tid, start, -end).
+    ``kernels``: every kernel with its launching thread and launch time (``launch_tid`` is -1 where the launch
+    is not in the file: a capture window that cut the runtime call off, or a launch API that was not traced).
+    """
+
+    path: str
+    ranges: pd.DataFrame
+    kernels: pd.DataFrame
+    schema_version: str = ""
+    product_version: str = ""
+    start_end_ranges: int = 0
+
+    @property
+    def unlaunched(self) -> int:
+        return int((self.kernels["launch_tid"] < 0).sum())
+
+
+def _connect(path: str) -> sqlite3.Connection:
+    if not os.path.isfile(path):
+        raise ProfileError(f"{path}: no such file")
+    with open(path, "rb") as fh:
+        head = fh.read(16)
+    if head != b"SQLite format 3\x00":
+        raise ProfileError(f"{path}: not an SQLite file (export the report with: nsys export --type sqlite)")
+    try:
+        con = sqlite3.connect(f"file:{quote(os.path.abspath(path))}?mode=ro&immutable=1", uri=True)
+        con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.DatabaseError as exc:
+        raise ProfileError(f"{path}: unreadable SQLite file ({exc})") from None
+    return con
+
+
+def _query(con, sql: str, path: str):
+    try:
+        return con.execute(sql).fetchall()
+    except sqlite3.DatabaseError as exc:  # a truncated file fails here, not at connect time
+        raise ProfileError(f"{path}: corrupt or truncated SQLite file ({exc})") from None
+
+
+def _columns(con, table: str, path: str) -> set:
+    return {row[1] for row in _query(con, f"PRAGMA table_info([{table}])", path)}
+
+
+def check_schema(con, path: str) -> dict:
+    """Raise ProfileError unless every table this reader needs is there; return META_DATA_EXPORT as a dict."""
+    tables = {r[0] for r in _query(con, "SELECT name FROM sqlite_master WHERE type='table'", path)}
+    if "NVTX_EVENTS" not in tables and tables & set(REQUIRED_TABLES):
+        raise ProfileError(f"{path}: no NVTX_EVENTS table: the capture had no NVTX ranges "
+                           "(profile with `nsys profile -t cuda,nvtx` inside torch.autograd.profiler.emit_nvtx)")
+    missing = [t for t in REQUIRED_TABLES if t not in tables]
+    if missing:
+        what = "not an Nsight Systems export" if len(missing) == len(REQUIRED_TABLES) else "incomplete export"
+        raise ProfileError(f"{path}: {what}: missing table(s) {', '.join(missing)}")
+    meta = dict(_query(con, "SELECT name, value FROM META_DATA_EXPORT", path))
+    major = meta.get("EXPORT_SCHEMA_VERSION_MAJOR") or (meta.get("EXPORT_SCHEMA_VERSION") or "").split(".")[0]
+    if not str(major).isdigit():
+        raise ProfileError(f"{path}: META_DATA_EXPORT has no EXPORT_SCHEMA_VERSION; not an nsys export")
+    if int(major) < _OLDEST_SCHEMA_MAJOR:
+        raise ProfileError(f"{path}: export schema {meta.get('EXPORT_SCHEMA_VERSION')} is older than "
+                           f"{_OLDEST_SCHEMA_MAJOR}.x; re-export it with a recent nsys")
+    need = {"NVTX_EVENTS": {"start", "end", "eventType", "globalTid"},
+            "CUPTI_ACTIVITY_KIND_KERNEL": {"start", "end", "correlationId", "globalPid", "demangledName"},
+            "CUPTI_ACTIVITY_KIND_RUNTIME": {"start", "end", "correlationId", "globalTid"}}
+    for table, cols in need.items():
+        lacking = cols - _columns(con, table, path)
+        if lacking:
+            raise ProfileError(f"{path}: table {table} lacks column(s) {', '.join(sorted(lacking))}")
+    return meta
+
+
+def _event_type_ids(con, path: str):
+    rows = _query(con, "SELECT name FROM sqlite_master WHERE type='table' AND name='ENUM_NSYS_EVENT_TYPE'", path)
+    if not rows:
+        return (_PUSH_POP,), (_START_END,)
+    ids = dict((n, i) for i, n in _query(con, "SELECT id, name FROM ENUM_NSYS_EVENT_TYPE", path))
+    push = tuple(ids[n] for n in ("NvtxPushPopRange", "NvtxtPushPopRange") if n in ids) or (_PUSH_POP,)
+    start = tuple(ids[n] for n in ("NvtxStartEndRange", "NvtxtStartEndRange") if n in ids) or (_START_END,)
+    return push, start
+
+
+def _frame(rows, columns, dtypes) -> pd.DataFrame:
+    if not rows:
+        return pd.DataFrame({c: pd.Series(dtype=d) for c, d in zip(columns, dtypes)})
+    f = pd.DataFrame.from_records(rows, columns=columns, coerce_float=False)
+    return f.astype({c: d for c, d in zip(columns, dtypes) if d is not object and f[c].dtype != d})
+
+
+def load(path) -> Profile:
+    """Open ``path`` read-only, check its schema, and load ranges and kernels (joined to their launches)."""
+    path = os.fspath(path)
+    con = _connect(path)
+    try:
+        meta = check_schema(con, path)
+        push, start_end = _event_type_ids(con, path)
+        cols = _columns(con, "NVTX_EVENTS", path)
+        # Range text is inline (`text`) or a registered string (`textId` -> StringIds); either may be absent.
+        text = "COALESCE(n.text, s.value)" if {"text", "textId"} <= cols else ("n.text" if "text" in cols else "s.value")
+        join = "LEFT JOIN StringIds s ON s.id = n.textId" if "textId" in cols else ""
+        in_push = ",".join(map(str, push))
+        rows = _query(con, f"SELECT start, end, tid, {markers.sql_columns('txt')} FROM "
+                           f"(SELECT n.start AS start, n.end AS end, n.globalTid AS tid, COALESCE({text}, '') AS txt "
+                           f"FROM NVTX_EVENTS n {join} WHERE n.eventType IN ({in_push}) AND n.end IS NOT NULL)", path)
+        ranges = _frame(rows, ["start", "end", "tid", "name", "seq", "op_id", "sizes"],
+                        [np.int64, np.int64, np.int64, object, np.int64, np.int64, object])
+        n_start_end = _query(con, "SELECT count(*) FROM NVTX_EVENTS WHERE eventType IN "
+                                  f"({','.join(map(str, start_end))})", path)[0][0]
+        if ranges.empty:
+            raise ProfileError(f"{path}: NVTX_EVENTS holds no push/pop ranges: the capture had no emit_nvtx "
+                               "markers (wrap the step in torch.autograd.profiler.emit_nvtx)")
+        ranges = ranges.sort_values(["tid", "start", "end"], ascending=[True, True, False], kind="stable")
+        ranges = ranges.reset_index(drop=True)
+
+        krows = _query(con, "SELECT start, end, correlationId, globalPid, demangledName "
+                            "FROM CUPTI_ACTIVITY_KIND_KERNEL", path)
+        kernels = _frame(krows, ["start", "end", "corr", "pid", "name_id"],
+                         [np.int64, np.int64, np.float64, np.float64, np.int64])
+        rrows = _query(con, "SELECT correlationId, globalTid, start FROM CUPTI_ACTIVITY_KIND_RUNTIME "
+                            "WHERE correlationId IS NOT NULL", path)
+        runtime = _frame(rrows, ["corr", "launch_tid", "launch_start"], [np.float64, np.int64, np.int64])
+        kernels = _join_launches(kernels, runtime)
+        names = dict(_query(con, "SELECT id, value FROM StringIds WHERE id IN "
+                                 "(SELECT DISTINCT demangledName FROM CUPTI_ACTIVITY_KIND_KERNEL)", path))
+        kernels["name"] = kernels["name_id"].map(names).fillna("")
+    finally:
+        con.close()
+    return Profile(path=path, ranges=ranges, kernels=kernels, schema_version=str(meta.get("EXPORT_SCHEMA_VERSION", "")),
+                   product_version=str(meta.get("EXPORT_PRODUCT_VERSION", "")), start_end_ranges=int(n_start_end))
+
+
+def _join_launches(kernels: pd.DataFrame, runtime: pd.DataFrame) -> pd.DataFrame:
+    kernels = kernels.copy()
+    kernels["proc"] = (np.nan_to_num(kernels["pid"].to_numpy(), nan=-1).astype(np.int64)) >> 24
+    runtime = runtime.copy()
+    runtime["proc"] = runtime["launch_tid"].to_numpy() >> 24
+    # One launch per (process, correlationId); a duplicate would multiply kernels in the merge.
+    runtime = runtime.drop_duplicates(["proc", "corr"], keep="first")
+    out = kernels.merge(runtime, on=["proc", "corr"], how="left", sort=False)
+    out["launch_tid"] = out["launch_tid"].fillna(-1).astype(np.int64)
+    out["launch_start"] = out["launch_start"].fillna(-1).astype(np.int64)
+    return out.drop(columns=["pid"])

@@ -1,0 +1,52 @@
+"""What a profile path must be before a reader opens it: one line for every way it can be wrong.
+
+A reader's own error for a directory, a FIFO or ``/dev/null`` would be "no such file" or a hang (a FIFO blocks
+its reader until a writer comes), so the kind of file is checked first, without opening anything that blocks.
+"""
+from __future__ import annotations
+
+import os
+import stat
+
+from ..errors import FlopcountError
+
+
+class ProfileError(FlopcountError):
+    """The file is not a usable profile (foreign, truncated, missing a table, no NVTX, not a trace)."""
+
+
+def check_path(path: str) -> int:
+    """Raise ProfileError unless ``path`` is a readable, non-empty regular file; return its size in bytes."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise ProfileError(f"{path}: no such file") from None
+    except PermissionError:
+        raise ProfileError(f"{path}: permission denied (a folder on its path cannot be searched)") from None
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ProfileError(f"{path}: is a directory, not a profile file")
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(st.st_mode) else
+                "a character device" if stat.S_ISCHR(st.st_mode) else
+                "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
+        raise ProfileError(f"{path}: is {kind}; a profile must be a regular file (it is read more than once)")
+    if st.st_size == 0:
+        raise ProfileError(f"{path}: is empty (0 bytes)")
+    try:
+        with open(path, "rb"):
+            pass
+    except PermissionError:
+        raise ProfileError(f"{path}: permission denied (the file is not readable by this user)") from None
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    return st.st_size
+
+
+def head(path: str, n: int = 16) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(n)
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot be read ({exc.strerror or exc})") from None

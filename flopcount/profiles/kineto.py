@@ -1,0 +1,222 @@
+"""Read a torch.profiler trace (Kineto's Chrome-trace JSON, ``export_chrome_trace``; ``.json`` or ``.json.gz``).
+
+What a trace gives, per event (``ph: "X"``, times in microseconds):
+
+* ``cpu_op``: an op's range on its thread, with ``Input Dims`` (one entry per argument; a tensor list as a list
+  of sizes), ``Input type``, ``Concrete Inputs`` (the scalar arguments' values, in recent PyTorch) and
+  ``Sequence number``; a backward node (``AddmmBackward0``) carries the forward op's sequence number and
+  ``Fwd thread id``, the profiler's number of the thread the forward op ran on;
+* ``user_annotation``: ``Optimizer.step#SGD.step`` and the like (the optimizer phase), ``ProfilerStep#N``;
+* ``cuda_runtime`` / ``cuda_driver``: the launch on the CPU side, with its ``correlation`` id;
+* ``kernel``, ``gpu_memcpy``, ``gpu_memset``: device activity with the ``correlation`` of its launch;
+* ``deviceProperties`` (top level): the GPUs' names.
+
+The ops become ranges and the device activity kernels of the same :class:`~flopcount.profiles.nsys.Profile` the
+Nsight reader makes, so one analysis (de-duplication, FLOPs per distinct call, kernels to the innermost op through
+their launch) serves both. Sequence numbers are per forward thread: a forward op's number is keyed by its thread,
+and a backward node's by the thread its ``Fwd thread id`` names, found as the forward thread whose ops carry most
+of that id's numbers (the profiler's thread numbers are not OS thread ids). A trace with no device activity (a CPU
+run) gives each op its own CPU time instead.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import zlib
+
+import numpy as np
+import pandas as pd
+
+from . import files
+from .files import ProfileError
+from .nsys import Profile, sort_ranges
+
+RANGE_CATS = {"cpu_op", "user_annotation"}
+LAUNCH_CATS = {"cuda_runtime", "cuda_driver"}
+DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
+_THREAD_SHIFT = 40  # a forward thread's rank above the sequence number
+
+
+def _read_json(path: str):
+    files.check_path(path)
+    gz = files.head(path, 2) == b"\x1f\x8b"
+    try:
+        if gz:
+            with gzip.open(path, "rb") as fh:
+                return json.load(fh)
+        with open(path, "rb") as fh:
+            return json.load(fh)
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        raise ProfileError(f"{path}: truncated or corrupt gzip file ({exc or type(exc).__name__})") from None
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        raise ProfileError(f"{path}: not JSON (a torch.profiler trace is Chrome-trace JSON): "
+                           f"{str(exc).splitlines()[0][:120]}") from None
+    except RecursionError:
+        raise ProfileError(f"{path}: JSON nested too deeply to be a trace") from None
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+
+
+def parse_value(text):
+    """A ``Concrete Inputs`` entry -> a Python value, or None where it says nothing usable."""
+    if not isinstance(text, str) or not text:
+        return None
+    if text in ("True", "False"):
+        return text == "True"
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        v = float(text)
+        return v if math.isfinite(v) or text.lower() in ("inf", "-inf") else None
+    except ValueError:
+        pass
+    if text.startswith("[") and len(text) < 10_000:
+        try:
+            v = json.loads(text.replace("True", "true").replace("False", "false"))
+            return v if isinstance(v, list) else None
+        except ValueError:
+            return None
+    return None
+
+
+def _ns(x) -> int:
+    """Microseconds -> integer nanoseconds, exactly: epoch times in microseconds times 1000 pass 2**53, where a
+    float product would round by hundreds of nanoseconds and break the nesting."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise TypeError("not a number")
+    if isinstance(x, int):
+        v = x * 1000
+    else:
+        whole = math.floor(x)
+        v = int(whole) * 1000 + int(round((x - whole) * 1000))
+    if not -(1 << 62) < v < 1 << 62:
+        raise OverflowError("time out of range")
+    return v
+
+
+def load(path) -> Profile:
+    """Read a trace into a Profile (ranges: the ops and annotations; kernels: the device activity)."""
+    path = os.fspath(path)
+    doc = _read_json(path)
+    if isinstance(doc, list):
+        events, meta = doc, {}
+    elif isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list):
+        events, meta = doc["traceEvents"], doc
+    else:
+        raise ProfileError(f"{path}: no traceEvents list: not a torch.profiler (Chrome-trace) file")
+    skipped: dict = {}
+
+    def skip(why):
+        skipped[why] = skipped.get(why, 0) + 1
+
+    rows, launches, device = [], [], []
+    for e in events:
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            continue
+        cat = e.get("cat")
+        if not isinstance(cat, str) or cat not in RANGE_CATS and cat not in LAUNCH_CATS and cat not in DEVICE_CATS:
+            continue
+        args = e.get("args") if isinstance(e.get("args"), dict) else {}
+        try:
+            start, dur = _ns(e["ts"]), _ns(e["dur"])
+            thread = (int(e["pid"]) if not isinstance(e["pid"], str) else e["pid"], int(e["tid"]) if not
+                      isinstance(e["tid"], str) else e["tid"])
+        except (KeyError, TypeError, ValueError, OverflowError):
+            skip("event without a usable ts, dur, pid or tid")
+            continue
+        if cat in LAUNCH_CATS:
+            corr = args.get("correlation")
+            if isinstance(corr, int) and not isinstance(corr, bool) and 0 <= corr < 1 << 62:
+                launches.append((corr, thread, start))
+            continue
+        if cat in DEVICE_CATS:
+            corr = args.get("correlation")
+            ok = isinstance(corr, int) and not isinstance(corr, bool) and 0 <= corr < 1 << 62
+            device.append((start, start + max(dur, 0), corr if ok else -1,
+                           str(e.get("name", ""))[:4096]))
+            continue
+        name = e.get("name")
+        if not isinstance(name, str) or not name or len(name) > 4096:
+            skip("op without a usable name")
+            continue
+        if dur < 0:  # 0 is an op shorter than the trace's microsecond resolution, and kept
+            skip("op with a negative duration")
+            continue
+        seq = args.get("Sequence number", -1)
+        fwd_tid = args.get("Fwd thread id", 0)
+        seq = seq if isinstance(seq, int) and 0 <= seq < 1 << _THREAD_SHIFT else -1
+        fwd_tid = fwd_tid if isinstance(fwd_tid, int) else 0
+        sizes = None
+        dims = args.get("Input Dims")
+        if isinstance(dims, list):
+            types = args.get("Input type")
+            types = types if isinstance(types, list) and len(types) == len(dims) else None
+            concrete = args.get("Concrete Inputs")
+            values = [parse_value(v) for v in concrete] if isinstance(concrete, list) and len(concrete) == len(dims) \
+                else [None] * len(dims)
+            try:
+                sizes = json.dumps([dims, types, values], separators=(",", ":"))
+            except (TypeError, ValueError):
+                skip("op with malformed Input Dims")
+        # half-open: with whole-microsecond times an op that ends as the next begins would seem to enclose it
+        rows.append((start, start + max(dur - 1, 0), thread, name, seq, fwd_tid, sizes))
+    if not rows:
+        raise ProfileError(f"{path}: no cpu_op events: record the trace with torch.profiler (CPU activity on)")
+    ranges = pd.DataFrame(rows, columns=["start", "end", "thread", "name", "seq", "fwd_tid", "sizes"])
+    codes, threads = pd.factorize(ranges["thread"])
+    ranges["tid"] = codes.astype(np.int64)
+    ranges["seq"] = _keyed_seq(ranges)
+    ranges = ranges.drop(columns=["thread", "fwd_tid"])
+    ranges["name"] = ranges["name"].astype("category")
+    ranges["sizes"] = ranges["sizes"].astype("category")
+    ranges = sort_ranges(ranges[["start", "end", "tid", "name", "seq", "sizes"]])
+    kernels = _kernels(device, launches, threads)
+    devices = [str(d.get("name", "")) for d in meta.get("deviceProperties", []) or [] if isinstance(d, dict)]
+    notes = ["no device activity in this trace: each op's time is its own CPU time"] if not device else []
+    return Profile(path=path, ranges=ranges, kernels=kernels, schema_version=str(meta.get("schemaVersion", "")),
+                   product_version="torch.profiler", skipped=skipped, notes=notes, sizes_format="kineto",
+                   cpu_times=not device, devices=devices)
+
+
+def _keyed_seq(r: pd.DataFrame) -> np.ndarray:
+    """Sequence numbers made unique across forward threads: (thread rank << 40) | seq."""
+    seq = r["seq"].to_numpy(np.int64)
+    tid = r["tid"].to_numpy(np.int64)
+    fwd_tid = r["fwd_tid"].to_numpy(np.int64)
+    out = np.full(len(r), -1, np.int64)
+    fwd = (seq >= 0) & (fwd_tid <= 0)
+    out[fwd] = (tid[fwd] << _THREAD_SHIFT) | seq[fwd]
+    bwd = (seq >= 0) & (fwd_tid > 0)
+    if bwd.any() and fwd.any():
+        pairs = pd.DataFrame({"f": fwd_tid[bwd], "seq": seq[bwd]}).drop_duplicates()
+        ops = pd.DataFrame({"tid": tid[fwd], "seq": seq[fwd]}).drop_duplicates()
+        votes = pairs.merge(ops, on="seq").groupby(["f", "tid"]).size().reset_index(name="n")
+        best = votes.sort_values("n", kind="stable").drop_duplicates("f", keep="last").set_index("f")["tid"]
+        mapped = pd.Series(fwd_tid[bwd]).map(best).to_numpy()
+        ok = ~pd.isna(mapped)
+        idx = np.flatnonzero(bwd)
+        out[idx[ok]] = (mapped[ok].astype(np.int64) << _THREAD_SHIFT) | seq[idx[ok]]
+    return out
+
+
+def _kernels(device, launches, threads) -> pd.DataFrame:
+    k = pd.DataFrame(device, columns=["start", "end", "corr", "name"])
+    launch = pd.DataFrame(launches, columns=["corr", "thread", "launch_start"]).drop_duplicates("corr")
+    thread_code = {t: i for i, t in enumerate(threads)}
+    launch["launch_tid"] = [thread_code.get(t, -1) for t in launch["thread"]]
+    k = k.merge(launch[["corr", "launch_tid", "launch_start"]], on="corr", how="left")
+    k["launch_tid"] = k["launch_tid"].fillna(-1).astype(np.int64)
+    k["launch_start"] = k["launch_start"].fillna(-1).astype(np.int64)
+    k["name"] = k["name"].astype("category")
+    return k[["start", "end", "launch_tid", "launch_start", "name"]]
+
+
+def analyze(path, naive: bool = False):
+    """Per-op FLOPs, device time and FLOP/s of a torch.profiler trace (see :func:`flopcount.profiles.analyze`)."""
+    from .analyze import analyze as _analyze
+
+    return _analyze(load(path), naive=naive)

@@ -1,0 +1,217 @@
+"""FLOPs of every op range of a profile, set-wise: each distinct (op, sizes, context) is derived once.
+
+A profile of millions of ranges has a few thousand distinct calls: the same layer's op with the same sizes, step
+after step. The context of a call (output sizes from its linked backward node, training or not, which gradients
+its backward computes, optimizer scaling) is a handful of codes per range, so the calls are factorized on
+(name, sizes, context) and :func:`flops.derive` runs once per distinct one.
+
+Linking a backward node to its forward op: backward node ranges (``XxxBackward0, seq = N, sizes = [grads of the
+forward op's outputs]``) link to the last forward op with seq N: autograd numbers a node when the op that creates
+it runs, and later ops see N+1.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+from .. import formulas
+from ..report import COUNTED, UNCOUNTED, ZERO
+from . import markers
+from .flops import ATTENTION_NOTE, POOL_NOTE, SCALE_NOTE, Context, derive
+from .ranges import ancestors_fill
+
+STATUS = np.array(["", COUNTED, UNCOUNTED, ZERO], dtype=object)
+_NONE, _COUNTED, _UNCOUNTED, _ZERO = 0, 1, 2, 3
+INPUT_NOTE = "assumed the step's input does not require a gradient (no grad_input for the first layer)"
+
+
+def parse_args(fmt: str, text):
+    """A ``sizes`` category -> (sizes, types, values) for :func:`derive` (types and values: Kineto only)."""
+    if not isinstance(text, str):
+        return None
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None
+    if fmt == "kineto":
+        if not (isinstance(doc, list) and len(doc) == 3 and isinstance(doc[0], list)):
+            return None
+        return doc[0], doc[1], doc[2]
+    return (doc, None, None) if isinstance(doc, list) else None
+
+
+def _valid_sizes(doc) -> bool:
+    """Sizes a formula can take: lists of lists of non-negative ints that fit in int64 (a corrupt marker can hold
+    anything); Kineto's tensor lists nest one level deeper."""
+    def ok(x, depth):
+        if isinstance(x, bool):
+            return False
+        if isinstance(x, int):
+            return 0 <= x < 1 << 62
+        return depth < 3 and isinstance(x, list) and all(ok(y, depth + 1) for y in x)
+    return isinstance(doc, list) and all(isinstance(s, list) and ok(s, 1) for s in doc)
+
+
+_INT_TYPE_NAMES = {"long int", "int", "short int", "signed char", "unsigned char", "bool", "long", "short",
+                   "int64_t", "int32_t", "int16_t", "int8_t", "uint8_t"}
+_NOT_TENSOR = {"", "Scalar", "ScalarList", "TensorList", "GenericList", "None"}
+
+
+def integer_only(types) -> bool:
+    """Whether a trace's ``Input type`` names only integer or bool tensors (and at least one tensor)."""
+    if not types:
+        return False
+    tensors = [t for t in types if isinstance(t, str) and t not in _NOT_TENSOR]
+    return bool(tensors) and all(t in _INT_TYPE_NAMES for t in tensors)
+
+
+def group_codes(cols):
+    """(code per row, first row of each code) of the distinct tuples of integer columns, without a Python tuple
+    per row: the codes are combined column by column and re-densified."""
+    n = len(cols[0]) if cols else 0
+    code = np.zeros(n, dtype=np.int64)
+    for c in cols:
+        cc, uc = pd.factorize(np.asarray(c))
+        code, _ = pd.factorize(code * max(len(uc), 1) + cc)
+    _, firsts = np.unique(code, return_index=True)
+    return code, firsts
+
+
+def op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, int_k, float_k, fmt, notes):
+    """(flops (-1 where not derived), reason, status code) per range, and the set of (op, reason) failures."""
+    n = len(r)
+    sc = r["sizes"].cat.codes.to_numpy().astype(np.int64)
+    size_texts = np.asarray(r["sizes"].cat.categories, dtype=object)
+    start = r["start"].to_numpy(np.int64)
+    flops = np.full(n, -1, dtype=np.int64)
+    reason_code = np.full(n, -1, dtype=np.int64)
+    reasons = []
+    is_fwd = phase == 0
+
+    per_name = lambda fn, dt=bool: np.array([fn(u) for u in name_cats], dtype=dt)[name_codes] if len(name_cats) \
+        else np.zeros(n, dtype=dt)
+    node = per_name(markers.is_backward_node)
+    formula = per_name(lambda u: markers.is_aten(u) and formulas.lookup(markers.packet(u)) is not None)
+    zero = per_name(lambda u: markers.packet(u) in formulas.ZERO_FLOP)
+
+    # backward node sizes per seq (the first node of that seq) and the forward op that created each node
+    nodes = np.flatnonzero(node & (seq >= 0))
+    node_seq, first = np.unique(seq[nodes], return_index=True)
+    node_sizes = sc[nodes[first]]
+    fwd = np.flatnonzero(is_op & is_fwd & (seq >= 0))
+    fwd = fwd[np.argsort(start[fwd], kind="stable")][::-1]  # the last one wins
+    cre_seq, cre_first = np.unique(seq[fwd], return_index=True)
+    creator = fwd[cre_first]
+    # the step's input feeds the first op of each forward pass (a profile may hold several steps): a forward op
+    # is a pass's first where a backward or optimizer op started since the forward op before it
+    fwd_by_t = fwd[np.argsort(start[fwd], kind="stable")]
+    fwd_t = start[fwd_by_t]
+    other = np.sort(start[is_op & ~is_fwd])
+    before = np.concatenate((fwd_t[:1] - 1, fwd_t[:-1]))
+    new_pass = np.searchsorted(other, fwd_t) > np.searchsorted(other, before)
+    new_pass[:1] = True
+    first_seqs = np.unique(seq[fwd_by_t[new_pass]])
+
+    def lookup(keys, table_keys, values, missing=-1):
+        pos = np.searchsorted(table_keys, keys)
+        pos = np.minimum(pos, max(len(table_keys) - 1, 0))
+        hit = (len(table_keys) > 0) & (table_keys[pos] == keys) if len(table_keys) else np.zeros(len(keys), bool)
+        out = np.full(len(keys), missing, dtype=np.int64)
+        out[hit] = values[pos[hit]]
+        return out
+
+    rows = np.flatnonzero(formula & (sc >= 0))
+    no_sizes = np.flatnonzero(formula & (sc < 0))
+    reasons.append("no sizes in marker")
+    reason_code[no_sizes] = 0
+    s = seq[rows]
+    fw = is_fwd[rows]
+    opt = phase[rows] == 2
+    # forward: linked where this op created a backward node that has sizes
+    created = lookup(s, cre_seq, creator)
+    linked = fw & (s >= 0) & (created == rows) & (lookup(s, node_seq, np.ones(len(node_seq), np.int64), 0) == 1)
+    out = np.where(linked, lookup(s, node_seq, node_sizes), -1)
+    # backward: the forward op of the enclosing node (its bias; whether it was the step's first op)
+    node_of = ancestors_fill(parent, depth, np.where(node, np.arange(n), -1))
+    bw = ~fw & ~opt
+    ns = np.where(bw & (node_of[rows] >= 0), seq[np.maximum(node_of[rows], 0)], -1)
+    fwd_row = lookup(ns, cre_seq, creator)
+    has_bias_by_code = {}
+
+    def bias_of(code):
+        if code not in has_bias_by_code:
+            a = parse_args(fmt, size_texts[code]) if code >= 0 else None
+            d = a[0] if a else []
+            has_bias_by_code[code] = int(len(d) > 2 and bool(d[2]))
+        return has_bias_by_code[code]
+
+    fwd_code = np.where(fwd_row >= 0, sc[np.maximum(fwd_row, 0)], -1)
+    uniq_codes = np.unique(fwd_code[fwd_row >= 0])
+    bias_table = np.array([bias_of(int(c)) for c in uniq_codes], dtype=np.int64)
+    has_bias = np.where(fwd_row >= 0, lookup(fwd_code, uniq_codes, bias_table, 0), -1)
+    needs = ~np.isin(ns, first_seqs)
+    kind = np.where(fw, 0, np.where(opt, 2, 1))
+    cols = [name_codes[rows], sc[rows], np.where(fw, out, -1), np.where(fw, linked, 0).astype(np.int64),
+            np.where(bw, has_bias, -2), np.where(bw, needs, 0).astype(np.int64), kind]
+    codes, firsts = group_codes(cols)
+    uniq = [tuple(int(c[i]) for c in cols) for i in firsts]
+    values = np.full(len(uniq), -1, dtype=np.int64)
+    why = np.full(len(uniq), -1, dtype=np.int64)
+    parsed = {}
+    for j, (nc, szc, oc, lk, hb, nd, kd) in enumerate(uniq):
+        args = parsed.setdefault(szc, parse_args(fmt, size_texts[szc]))
+        out_args = parse_args(fmt, size_texts[oc]) if oc >= 0 else None
+        if args is None or not _valid_sizes(args[0]) or (out_args is not None and not _valid_sizes(out_args[0])):
+            f, reason = None, "malformed sizes in marker"
+        else:
+            if kd == 0:
+                o = out_args[0] if out_args else None
+                ctx = Context(out=tuple(tuple(x) for x in o if isinstance(x, list)) if o else None, linked=bool(lk))
+            elif kd == 2:
+                ctx = Context(scaled=True)
+            else:
+                ctx = Context(input_needs_grad=bool(nd), forward_has_bias=None if hb < 0 else bool(hb))
+            try:
+                f, reason = derive(str(name_cats[nc]), args[0], ctx, values=args[2], types=args[1])
+                if f and integer_only(args[1]):
+                    f = 0  # integer work is not floating-point work (num_batches_tracked += 1)
+            except (RecursionError, MemoryError, OverflowError) as exc:
+                f, reason = None, f"sizes too large or too deep for a formula ({type(exc).__name__})"
+        if f is not None and not 0 <= f < 1 << 62:
+            f, reason = None, "FLOPs out of range (malformed sizes)"
+        if f is not None:
+            values[j] = f
+        if reason:
+            if reason not in reasons:
+                reasons.append(reason)
+            why[j] = reasons.index(reason)
+    flops[rows] = values[codes]
+    reason_code[rows] = why[codes]
+
+    # integer work is not floating-point work: an op whose kernels all name integer element types counts 0
+    int_only = (int_k > 0) & (float_k == 0)
+    flops[int_only & (flops > 0)] = 0
+    status = np.zeros(n, dtype=np.int8)
+    status[is_op & formula] = np.where(flops[is_op & formula] >= 0, _COUNTED, _UNCOUNTED)
+    status[is_op & ~formula & zero] = _ZERO
+    status[is_op & ~formula & ~zero] = _UNCOUNTED
+
+    op_names = set(np.asarray(name_cats, dtype=object)[np.unique(name_codes[is_op])].tolist()) if n else set()
+    if any(markers.packet(x).startswith("aten.max_pool") for x in op_names):
+        notes.append(POOL_NOTE)
+    if fmt == "nvtx" and any(formulas.op_family(markers.packet(x)) == "attention" for x in op_names):
+        notes.append(ATTENTION_NOTE)
+    if len(first_seqs):
+        notes.append(INPUT_NOTE)
+    if (phase[rows] == 2).any():
+        notes.append(SCALE_NOTE if fmt == "nvtx" else SCALE_NOTE.replace("assumed not 1", "taken as recorded, or "
+                                                                         "assumed not 1 where not recorded"))
+    failed = is_op & formula & (flops < 0)
+    if failed.any():
+        f = pd.DataFrame({"n": name_codes[failed], "r": reason_code[failed]}).value_counts(sort=False)
+        for (nc, rc), count in f.items():
+            what = markers.packet(str(name_cats[nc]))
+            notes.append(f"FLOPs not derived for {count} call(s) of {what}: {reasons[rc] if rc >= 0 else 'unknown'}")
+    return flops, status

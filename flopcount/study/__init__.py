@@ -1,0 +1,20 @@
+"""The P100 study: reproduce the 2021 utilization study (Epoch AI, "How to measure FLOP/s for Neural Networks
+empirically?") on whatever device is here, and say what matches it and why.
+
+One module per question: ``config`` (what to run), ``data`` (the images of the epoch pass), ``backend`` (the real
+counting, timing and peak), ``store`` (the resumable files and ``StudyResult``), ``grid`` (the rows: which, in what
+order, and how each is filled), ``report`` and ``findings`` (figures, tables, REPORT.md and its verdicts).
+The backward:forward analysis it uses is not study-specific: ``flopcount.ratios``.
+"""
+from .backend import TorchBackend
+from .config import NVTX_METHODS, QUICK, TIME_METHODS, StudyConfig, StudyError, study_config
+from .data import GeneratedImages, make_dataset
+from .grid import Task, plan, run_study
+from .report import PUBLISHED, render_report, tables, write_figures
+from .store import COLUMNS, KEY, ResultsFile, StudyResult
+
+__all__ = [
+    "run_study", "study_config", "StudyConfig", "QUICK", "StudyResult", "StudyError", "TorchBackend",
+    "GeneratedImages", "make_dataset", "PUBLISHED", "TIME_METHODS", "NVTX_METHODS", "Task", "plan", "ResultsFile",
+    "COLUMNS", "KEY", "render_report", "tables", "write_figures",
+]
