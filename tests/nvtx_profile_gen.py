@@ -8,6 +8,12 @@ allocation, not a wrapper whose children do the work) launches one or two kernel
 with the op's element type the way CUDA kernel templates are (``...<float>``). Backward runs on a second thread,
 as the autograd engine's device thread does on a GPU.
 
+With ``generate_annotated`` the step also runs inside ``flopcount.nvtx.annotate`` with a stand-in domain that
+leaves a zero-length ``record_function`` event wherever the nvtx package would push or pop; those become the rows
+the nvtx package's ranges leave in an export: the domain's creation (NvtxDomainCreate, ``domainId``, its name),
+push/pop ranges of registered strings (``textId`` -> StringIds, no inline text) with their colour, nested per
+thread, at the very points of the op stream where the annotator called the package.
+
 What is not reproduced: ``input_op_ids`` (torch.profiler does not record op outputs, so producers are unknown);
 real timestamps (ranges get synthetic, strictly nested times); GPU-only inner ops (cudnn_convolution); the CPU
 kernels' own inner ops (mkldnn_convolution) appear instead.
@@ -39,6 +45,8 @@ _CTYPE = {"torch.float32": "float", "torch.float64": "double", "torch.float16": 
           "torch.uint8": "unsigned char", "torch.int8": "signed char", "torch.int16": "short"}
 
 PID, MAIN_TID, AUTOGRAD_TID = 4242, 4242, 4301
+ANNOTATION_DOMAIN_ID = 1  # the default domain (emit_nvtx's) is 0
+_MARK = "flopcount-nvtx|"
 
 
 def global_tid(pid: int, tid: int) -> int:
@@ -110,6 +118,30 @@ def record(step):
     return prof.profiler.kineto_results.experimental_event_tree()
 
 
+class MarkingDomain:
+    """Stands in for an nvtx Domain: each push or pop becomes an empty ``record_function`` event, so that it keeps
+    its place among the ops the profiler records. Calls made while a backward runs (the module ranges of the
+    backward, also from the engine's final callback) are tagged to go to the autograd thread."""
+
+    def get_event_attributes(self, message=None, color=None, category=None, payload=None):
+        return message, color
+
+    def _mark(self, what: str) -> None:
+        import torch
+        from torch.autograd.profiler import record_function
+
+        lane = "bwd" if torch._C._current_graph_task_id() != -1 else "main"
+        with record_function(f"{_MARK}{what}|{lane}"):
+            pass
+
+    def push_range(self, attributes=None, **kwargs):
+        text, color = attributes
+        self._mark(f"push|{color}|{text}")
+
+    def pop_range(self):
+        self._mark("pop||")
+
+
 def _does_work(ev) -> bool:
     if ev.name in NO_KERNEL or not ev.name.startswith("aten::"):
         return False
@@ -126,6 +158,7 @@ def build_rows(roots, *, record_shapes: bool = True, kernels_per_op=(1, 2), orph
     """Op tree -> (nvtx rows, runtime rows, kernel rows, strings) in the Nsight schema."""
     nvtx, runtime, kernels = [], [], []
     strings = {}
+    open_ranges = {}  # thread -> the annotator's ranges pushed and not yet popped
 
     def sid(s: str) -> int:
         return strings.setdefault(s, len(strings) + 1)
@@ -134,7 +167,23 @@ def build_rows(roots, *, record_shapes: bool = True, kernels_per_op=(1, 2), orph
     op_id = [0]
     corr = [0]
 
+    def annotation(ev, tid):
+        # push|color|text|lane or pop|||lane
+        parts = ev.name[len(_MARK):].split("|")
+        what, lane = parts[0], parts[-1]
+        thread = global_tid(PID, AUTOGRAD_TID if lane == "bwd" else tid)
+        stack = open_ranges.setdefault(thread, [])
+        if what == "push":
+            stack.append((clock[0], "|".join(parts[2:-1]), int(parts[1])))
+        else:
+            start, text, color = stack.pop()
+            nvtx.append((start, clock[0], 59, None, thread, sid(text), ANNOTATION_DOMAIN_ID, color))
+        clock[0] += 10
+
     def visit(ev, tid):
+        if ev.name.startswith(_MARK):
+            annotation(ev, tid)
+            return
         ef = ev.extra_fields
         op_id[0] += 1
         my_id = op_id[0]
@@ -164,6 +213,9 @@ def build_rows(roots, *, record_shapes: bool = True, kernels_per_op=(1, 2), orph
     for root in roots:
         backward = root.name.startswith("autograd::engine::evaluate_function")
         visit(root, AUTOGRAD_TID if backward else MAIN_TID)
+    if any(row[6] == ANNOTATION_DOMAIN_ID for row in nvtx if len(row) > 6):
+        # the package creates its domain once per process, before the domain's first range
+        nvtx.append((999_000, None, 75, "flopcount", global_tid(PID, MAIN_TID), None, ANNOTATION_DOMAIN_ID, None))
     for k in range(orphan_kernels):  # launched before the capture window: no runtime row
         kernels.append((clock[0] + k * 200, clock[0] + k * 200 + 50, 0, 1, 7, 10_000_000 + k, PID << 24,
                         sid("void flopcount_synthetic::orphan_kernel<float>(int)"), sid("orphan_kernel"), 1, 1, 1, 32, 1, 1))
@@ -207,9 +259,13 @@ def write_sqlite(path, nvtx, runtime, kernels, strings, *, tables=None) -> str:
         con.executemany("INSERT INTO META_DATA_EXPORT VALUES (?, ?)", _META)
     if "ENUM_NSYS_EVENT_TYPE" in have:
         con.executemany("INSERT INTO ENUM_NSYS_EVENT_TYPE VALUES (?, ?, ?)",
-                        [(59, "NvtxPushPopRange", "NvtxPushPopRange"), (60, "NvtxStartEndRange", "NvtxStartEndRange")])
+                        [(59, "NvtxPushPopRange", "NvtxPushPopRange"), (60, "NvtxStartEndRange", "NvtxStartEndRange"),
+                         (75, "NvtxDomainCreate", "NvtxDomainCreate")])
     if "NVTX_EVENTS" in have:
-        con.executemany("INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid) VALUES (?, ?, ?, ?, ?)", nvtx)
+        # emit_nvtx's rows are in the default domain (0), inline text
+        rows = [tuple(r) + (None, 0, None) if len(r) == 5 else tuple(r) for r in nvtx]
+        con.executemany("INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid, textId, domainId, color) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
     if "CUPTI_ACTIVITY_KIND_RUNTIME" in have:
         con.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?, ?, ?, ?, ?, ?, ?, NULL)", runtime)
     if "CUPTI_ACTIVITY_KIND_KERNEL" in have:
@@ -229,6 +285,25 @@ def generate_step(step, path, *, record_shapes=True, orphan_kernels=2) -> str:
     """A profile of ``step()`` as it runs, whatever it does (an optimizer's step included)."""
     rows = build_rows(record(step), record_shapes=record_shapes, orphan_kernels=orphan_kernels)
     return write_sqlite(path, *rows)
+
+
+def generate_annotated(model, step, path, *, steps: int = 2, record_shapes=True, orphan_kernels=0,
+                       emit_nvtx=True) -> str:
+    """A profile of ``steps`` calls of ``step()`` (a training step of ``model``) inside
+    ``flopcount.nvtx.annotate(model)``: steps, phases and modules marked around the emit_nvtx ranges (left out,
+    kernels kept, with ``emit_nvtx=False``: a loop profiled without emit_nvtx)."""
+    from flopcount.nvtx import annotate
+
+    def run():
+        with annotate(model, domain=MarkingDomain()):
+            for _ in range(steps):
+                step()
+
+    nvtx, runtime, kernels, strings = build_rows(record(run), record_shapes=record_shapes,
+                                                 orphan_kernels=orphan_kernels)
+    if not emit_nvtx:
+        nvtx = [row for row in nvtx if len(row) > 5]
+    return write_sqlite(path, nvtx, runtime, kernels, strings)
 
 
 def main(argv=None):

@@ -30,3 +30,9 @@ def test_compare_speed_prints_the_ratio_against_dispatch_alone():
 def test_timing_overhead_prints_the_paired_ratio():
     out = run_benchmark("timing_overhead.py", "--rounds", "3", "--steps", "2", "--width", "16", "--batch", "2")
     assert "median over paired rounds" in out and "%" in out
+
+
+def test_annotation_overhead_prints_paired_ratios():
+    out = run_benchmark("annotation_overhead.py", "--size", "32", "--batch", "2", "--rounds", "2", "--steps", "1")
+    ratios = re.findall(r"annotated / bare = \d+\.\d{4} \(median of 2 pairs; quartiles \d+\.\d{4} \.\. \d+\.\d{4}\)", out)
+    assert len(ratios) >= 2, out  # wall and CPU time, for each annotated loop that can run here

@@ -150,12 +150,21 @@ def _fake_machine(monkeypatch, nsys):
 def test_capture_runs_the_step_module_then_exports(monkeypatch):
     nsys = _Nsys((0, "", ""), (0, "", ""))
     _fake_machine(monkeypatch, nsys)
-    assert capture_mod.capture("resnet18", 4, out="r18", input_shape=(3, 32, 32), num_classes=10) == "r18.sqlite"
+    assert capture_mod.capture("resnet18", 4, out="r18", input_shape=(3, 32, 32), num_classes=10,
+                               steps=3) == "r18.sqlite"
     record, export = nsys.commands
     assert record[:2] == ["nsys", "profile"] and export[:3] == ["nsys", "export", "--type"]
     child = record[record.index(sys.executable):]
-    assert child == [sys.executable, "-m", "flopcount.profiles.capture", "resnet18", "4", "3,32,32", "10"]
+    assert child == [sys.executable, "-m", "flopcount.profiles.capture", "resnet18", "4", "3,32,32", "10", "3"]
     assert export[-2:] == ["r18.sqlite", "r18.nsys-rep"]
+
+
+def test_capture_command_records_the_steps_asked(monkeypatch, capsys):
+    nsys = _Nsys((0, "", ""), (0, "", ""))
+    _fake_machine(monkeypatch, nsys)
+    assert cli(["capture", "resnet18", "--batch", "2", "--steps", "4", "--out", "r"]) == 0
+    assert nsys.commands[0][-1] == "4" and capsys.readouterr().out.strip() == "r.sqlite"
+    assert cli(["capture", "resnet18", "--steps", "0"]) == 2
 
 
 def test_capture_reports_the_failed_step_in_one_line(monkeypatch):

@@ -136,8 +136,9 @@ def test_on_a_gpu_the_study_holds_the_step_against_its_precision_mix(tmp_path, m
 
 
 class RecordedOnCPU(TorchBackend):
-    """The NVTX estimator without a GPU: the profile is generated from a real CPU run of the same training step
-    (``nvtx_profile_gen``), then analysed by the study's own code, de-duplicated and naive."""
+    """The NVTX estimator without a GPU: the profile is generated from a real CPU run of the same training steps,
+    marked by flopcount.nvtx as capture marks them (``nvtx_profile_gen``), then analysed by the study's own code,
+    de-duplicated and naive, per step."""
 
     def nvtx_available(self):
         return True
@@ -145,15 +146,18 @@ class RecordedOnCPU(TorchBackend):
     def _record(self, name, batch):
         import nvtx_profile_gen as gen
 
+        from flopcount.step import make_train_step
+
         torch.manual_seed(0)
         model, _ = load_model(name, num_classes=self.config.num_classes)
         path = os.path.join(self.folder, f"{name}-b{batch}.sqlite")
-        return gen.generate(model, torch.randn((batch,) + tuple(self.config.image_shape)), path)
+        step = make_train_step(model, torch.randn((batch,) + tuple(self.config.image_shape)))
+        return gen.generate_annotated(model, step, path, steps=self.config.steps)
 
 
 def test_nvtx_rows_from_a_recorded_step_agree_with_dispatch(tmp_path):
     cfg = StudyConfig(models=(MODEL,), batch_sizes=(2,), estimators=("nvtx", "nvtx-naive"), methods=(),
-                      image_shape=SHAPE, device="cpu", images=2)
+                      image_shape=SHAPE, device="cpu", images=2, steps=2)
     backend = RecordedOnCPU(cfg)
     backend.folder = str(tmp_path)
     res = run_study(cfg, str(tmp_path / "run"), backend=backend, progress=False, figures=False, log=lambda m: None)
@@ -162,5 +166,6 @@ def test_nvtx_rows_from_a_recorded_step_agree_with_dispatch(tmp_path):
     assert dedup.status == naive.status == "ok"
     # two estimators, one reading the dispatcher, one reading the profile's ranges: the same step, the same count
     assert (dedup.flops_forward, dedup.flops_backward) == (dispatch.flops_forward, dispatch.flops_backward)
+    assert dedup.seconds == naive.seconds > 0  # the median marked step, read from the one recording
     # the study's old tool counted an op's FLOPs once per kernel and enclosing range
     assert naive.flops > dispatch.flops

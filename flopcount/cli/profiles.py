@@ -1,14 +1,18 @@
 """``flopcount nsys PROFILE.sqlite`` and ``flopcount trace TRACE.json[.gz]`` (per-op FLOPs and device time of a
-recorded step) and ``flopcount capture``."""
+recorded step; with ``--by step|phase|module``, of the steps, phases and modules flopcount.nvtx marked) and
+``flopcount capture``."""
 from __future__ import annotations
 
-from .main import EXIT_OK, add_format, add_model, add_top, print_frame, print_json, records, warn
+from .main import (EXIT_OK, UsageError, add_format, add_model, add_top, positive_int, print_frame, print_json,
+                   records, warn)
 
 
 def add(sub) -> None:
     p = sub.add_parser("nsys", help="per-op FLOPs and GPU time from an Nsight Systems SQLite export")
     p.add_argument("profile", help="PROFILE.sqlite (nsys export --type sqlite)")
     p.add_argument("--naive", action="store_true", help="count the way the 2021 study's tool did")
+    p.add_argument("--by", choices=("op", "step", "phase", "module"), default="op",
+                   help="op: emit_nvtx markers; step, phase, module: the ranges flopcount.nvtx.annotate marked")
     add_top(p)
     add_format(p)
 
@@ -22,6 +26,7 @@ def add(sub) -> None:
     add_model(p)
     p.add_argument("--out", default="run", help="output name (run.nsys-rep and run.sqlite; run.json.gz with --kineto)")
     p.add_argument("--kineto", action="store_true", help="record a torch.profiler trace instead (CPU or GPU)")
+    p.add_argument("--steps", type=positive_int, default=1, help="marked steps to record (after one warm-up step)")
     add_format(p)
 
 
@@ -32,6 +37,8 @@ def run(args) -> int:
         from ..profiles import kineto
 
         return _print(args, kineto.analyze(args.profile, naive=args.naive), "trace")
+    if args.by != "op":
+        return _annotated(args)
     from ..profiles import analyze
 
     return _print(args, analyze(args.profile, naive=args.naive), "nsys")
@@ -69,7 +76,7 @@ def _capture(args) -> int:
                               num_classes=args.num_classes)
     else:
         path = capture(args.model, args.batch, out=args.out, input_shape=args.input_shape,
-                       num_classes=args.num_classes)
+                       num_classes=args.num_classes, steps=args.steps)
     print(path)
     return EXIT_OK
 
@@ -110,3 +117,64 @@ def nsys_table(a, profile: str, naive: bool = False, top=None, notes=(), width=N
     f = ops.reset_index()
     f["phase"] = f["phase"].fillna("")
     return R.table(f, cols, title=title, total=total, notes=notes, width=width, color=color)
+
+
+def _annotated(args) -> int:
+    from ..profiles.annotations import NO_MARKERS, NO_SHAPES, load
+
+    if args.naive:
+        raise UsageError("--naive counts ops: use it with --by op")
+    ann = load(args.profile)
+    table = ann.by(args.by)
+    seconds = ann.step_seconds()
+    if args.format == "json":
+        print_json({"profile": args.profile, "by": args.by, "steps": len(seconds), "has_flops": ann.has_flops,
+                    "step_seconds": seconds.tolist(), "rows": records(table.reset_index()), "notes": ann.notes})
+        return EXIT_OK
+    if args.format == "csv":
+        print_frame(table, "csv")
+        return EXIT_OK
+    warned = [n for n in ann.notes if n in (NO_MARKERS, NO_SHAPES)]
+    for note in warned:
+        warn(note)
+    print(annotation_table(ann, table, args.profile, args.by, seconds, top=args.top,
+                           notes=[f"note: {n}" for n in ann.notes if n not in warned]))
+    return EXIT_OK
+
+
+def annotation_table(ann, table, profile: str, by: str, seconds, top=None, notes=(), width=None, color=None) -> str:
+    """One row per marked step, or per phase or module as the mean of the marked steps: wall and GPU time,
+    kernels, and with emit_nvtx markers inside, FLOPs and FLOP/s."""
+    import numpy as np
+
+    from . import render as R
+
+    head = {"steps": len(seconds)}
+    if len(seconds):
+        head.update(median_step=R.seconds(float(np.median(seconds))), all_steps=R.seconds(float(seconds.sum())))
+    per = "each marked step" if by == "step" else (
+        f"per step, the mean of {len(seconds)} marked steps" if len(seconds) else "the whole profile")
+    title = [R.headline(profile, **head), f"  by {by}: {per}; GPU time of the kernels launched inside"]
+    f = table.reset_index()
+    key = "module" if by == "module" else by
+    if by == "module":
+        f["module"] = f["module"].where(f["module"] != "", "(root)")
+        if top is not None:
+            f = R.top(f.set_index("module"), top, "gpu_s", [c for c in ("gpu_s", "forward", "backward")
+                                                             if c in f.columns]).reset_index()
+        cols = [R.Col("module"), R.Col("calls", R.AUTO, drop=4)]
+        if ann.has_flops:
+            cols += [R.Col("forward", R.FLOPS, "forward FLOPs", drop=3),
+                     R.Col("backward", R.FLOPS, "backward FLOPs", drop=2)]
+        cols += [R.Col("gpu_s", R.SECONDS, "GPU time"), R.Col("gpu_s_incl", R.SECONDS, "with submodules", drop=5)]
+        if ann.has_flops:
+            cols += [R.Col("flops_incl", R.FLOPS, "FLOPs with submodules", drop=6),
+                     R.Col("flops_per_s", R.RATE, "FLOP/s", drop=1)]
+    else:
+        f[key] = f[key].astype(str)
+        cols = [R.Col(key)] + ([R.Col("proc", R.TEXT, "process")] if "proc" in f.columns else [])
+        cols += [R.Col("wall_s", R.SECONDS, "wall time"), R.Col("gpu_s", R.SECONDS, "GPU time"),
+                 R.Col("kernels", R.AUTO, drop=2)]
+        if ann.has_flops:
+            cols += [R.Col("flops", R.FLOPS, "FLOPs"), R.Col("flops_per_s", R.RATE, "FLOP/s", drop=1)]
+    return R.table(f, cols, title=title, notes=notes, width=width, color=color)

@@ -4,6 +4,9 @@
 ``torch.autograd.profiler.emit_nvtx(record_shapes=True)`` and returns an :class:`Analysis`: the per-op table (naive
 and de-duplicated FLOPs, calls, kernels, GPU seconds, achieved FLOP/s) and a FlopReport of the de-duplicated count.
 
+``annotations.load(path)`` reads the ranges ``flopcount.nvtx.annotate`` marks in a training loop (steps, phases,
+modules) and charges the kernels, and the ops' FLOPs where emit_nvtx markers are nested inside, to them.
+
 This is not an estimator of the registry: an estimator runs ``estimate(model, inputs)`` itself, while this reads
 what a GPU recorded earlier (``capture`` records such a profile where a GPU and nsys are present).
 """

@@ -25,7 +25,7 @@ import pandas as pd
 from .. import formulas
 from ..report import FlopReport
 from . import markers
-from .nsys import Profile, load
+from .nsys import Profile, ProfileError, load
 from .opflops import STATUS, op_flops
 from .ranges import innermost, nest_arrays, subtree_sum
 
@@ -51,6 +51,7 @@ class Analysis:
     path: str = ""
     devices: list = field(default_factory=list)  # GPU names (a torch.profiler trace's deviceProperties)
     time_source: str = "device"  # "cpu" where the profile has no device activity (op time = CPU time)
+    op_ranges: Optional[pd.DataFrame] = None  # one row per op call: start, tid, op, phase, flops, status
 
     def flops_per_s(self, phase: Optional[str] = None) -> float:
         """Achieved FLOP/s of a phase (or all): its de-duplicated FLOPs over its ops' time."""
@@ -130,6 +131,9 @@ def analyze(path_or_profile, naive: bool = False) -> Analysis:
     FlopReport: with it, the report holds the naive count instead of the de-duplicated one (``ops`` always has
     both)."""
     prof = path_or_profile if isinstance(path_or_profile, Profile) else load(path_or_profile)
+    if prof.ranges.empty:  # the file has only flopcount.nvtx's ranges: nothing marks an op
+        raise ProfileError(f"{prof.path}: no emit_nvtx markers, only the ranges of flopcount.nvtx.annotate: read them "
+                           "with --by step|phase|module (profiles.annotations)")
     r = prof.ranges
     if not isinstance(r["name"].dtype, pd.CategoricalDtype):
         r = r.assign(name=r["name"].astype("category"))
@@ -228,9 +232,13 @@ def analyze(path_or_profile, naive: bool = False) -> Analysis:
     report = None
     if has_shapes:
         report = _report(packets, name_codes, phase, is_op, flops, status, naive_flops, naive, prof, notes)
+    op_ranges = pd.DataFrame({"start": start[is_op], "tid": r["tid"].to_numpy(np.int64)[is_op],
+                              "op": packets[name_codes[is_op]], "phase": PHASES[phase[is_op]],
+                              "flops": np.maximum(flops[is_op], 0), "status": STATUS[status[is_op]]})
     return Analysis(ops=ops, report=report, has_shapes=has_shapes, kernels=len(k), kernels_unlaunched=unl,
                     kernels_outside_ranges=outside, ranges=n, notes=notes, path=prof.path,
-                    devices=list(prof.devices), time_source="cpu" if prof.cpu_times else "device")
+                    devices=list(prof.devices), time_source="cpu" if prof.cpu_times else "device",
+                    op_ranges=op_ranges)
 
 
 def _report(packets, name_codes, phase, is_op, flops, status, naive_flops, naive, prof, notes) -> FlopReport:

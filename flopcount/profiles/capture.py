@@ -1,4 +1,4 @@
-"""``flopcount capture``: record one training step under ``nsys profile`` with emit_nvtx, and export SQLite.
+"""``flopcount capture``: record training steps under ``nsys profile`` with emit_nvtx, and export SQLite.
 
 The step recorded is THE training step of ``flopcount.step``, built by :func:`training_step`: the model in training
 mode, a batch of its example input with random values, the default loss (cross-entropy against class 0 for
@@ -7,7 +7,12 @@ holds the step that ``flopcount utilization`` times; its forward and backward ph
 ``flopcount count`` counts, and the SGD update lands in a phase of its own (``optimizer``), which totals can leave
 out.
 
-A child Python process (``python -m flopcount.profiles.capture MODEL BATCH ...``) runs the step so that nsys traces
+Each recorded step is marked by ``flopcount.nvtx.annotate`` (``step N``, its phases, every module's forward and
+backward), and ends with a device synchronisation inside its range, so that a step range lasts as long as the
+batch took: the per-batch time comes from the profile (``read_steps``), and with ``steps`` the steps of an epoch,
+the epoch's. One warm-up step runs first, outside the recording's markers.
+
+A child Python process (``python -m flopcount.profiles.capture MODEL BATCH ...``) runs the steps so that nsys traces
 it from its start; ``nsys export --type sqlite`` then writes the file ``analyze`` reads. Both need a CUDA GPU and
 the ``nsys`` binary; without either, capture stops before starting with one line that says which is missing.
 """
@@ -16,6 +21,9 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
+
+import numpy as np
 
 from ..errors import FlopcountError, one_line
 
@@ -27,8 +35,11 @@ class CaptureError(FlopcountError):
     """The step could not be recorded or exported (no GPU, no nsys, a failing step, a failing export)."""
 
 
-def capture(model: str, batch: int, out: str = "run", input_shape=None, num_classes=None) -> str:
-    """Profile one training step of ``model`` and return the path of the SQLite export (``out``.sqlite)."""
+def capture(model: str, batch: int, out: str = "run", input_shape=None, num_classes=None, steps: int = 1) -> str:
+    """Profile ``steps`` marked training steps of ``model`` and return the path of the SQLite export
+    (``out``.sqlite)."""
+    if int(steps) < 1:
+        raise CaptureError(f"steps must be a positive integer, not {steps}")
     nsys = shutil.which("nsys")
     if nsys is None:
         raise CaptureError("nsys (Nsight Systems) is not on PATH; install it or profile on a machine that has it")
@@ -43,7 +54,7 @@ def capture(model: str, batch: int, out: str = "run", input_shape=None, num_clas
     if input_shape is not None and not isinstance(input_shape, str):
         input_shape = ",".join(str(d) for d in input_shape)
     child = [sys.executable, "-m", "flopcount.profiles.capture", model, str(batch), input_shape or "",
-             str(num_classes or "")]
+             str(num_classes or ""), str(int(steps))]
     record = [nsys, "profile", "-t", "cuda,nvtx", "-o", out, "--force-overwrite", "true"] + child
     export = [nsys, "export", "--type", "sqlite", "--force-overwrite", "true", "-o", f"{out}.sqlite", f"{out}.nsys-rep"]
     for cmd in (record, export):
@@ -107,22 +118,66 @@ def training_step(model_spec: str, batch: int, *, device="cuda", input_shape=Non
     return step
 
 
-def _record(model_spec: str, batch: int, input_shape=None, num_classes=None) -> None:
-    """The profiled child: one warm-up step (cuDNN autotuning, allocator growth), then one step inside
+@dataclass
+class StepReading:
+    """What a capture says per step: FLOPs of one step (the profile holds ``len(seconds)`` identical steps) and
+    the wall time of every marked step."""
+
+    forward: int
+    backward: int
+    seconds: np.ndarray
+
+    @property
+    def seconds_median(self) -> float:
+        return float(np.median(self.seconds))
+
+    @property
+    def seconds_total(self) -> float:
+        return float(self.seconds.sum())
+
+
+def read_steps(path: str, naive: bool = False) -> StepReading:
+    """FLOPs per step (de-duplicated, or ``naive``) and each marked step's time, from a capture's export."""
+    from .analyze import analyze
+    from .annotations import read
+    from .nsys import ProfileError, load
+
+    prof = load(path)
+    a = analyze(prof, naive=naive)
+    if a.report is None:
+        raise ProfileError(f"{path}: the profile has no shapes: FLOPs cannot be derived from its markers")
+    seconds = read(prof, a).step_seconds()
+    if not len(seconds):
+        raise ProfileError(f"{path}: no marked steps (record it with flopcount capture)")
+    n = len(seconds)
+    return StepReading(a.report.total("forward") // n, a.report.total("backward") // n, seconds)
+
+
+def _record(model_spec: str, batch: int, input_shape=None, num_classes=None, steps: int = 1) -> None:
+    """The profiled child: one warm-up step (cuDNN autotuning, allocator growth), then ``steps`` marked steps inside
     emit_nvtx(record_shapes=True)."""
     import torch
+
+    from ..nvtx import annotate
 
     step = training_step(model_spec, batch, device="cuda", input_shape=input_shape, num_classes=num_classes)
     step()
     torch.cuda.synchronize()
-    with torch.autograd.profiler.emit_nvtx(record_shapes=True):
+
+    def one():
         step()
-        torch.cuda.synchronize()
+        torch.cuda.synchronize()  # inside the step's range: the range lasts until the batch is done
+
+    marked = annotate(step.model)(one)
+    with torch.autograd.profiler.emit_nvtx(record_shapes=True):
+        for _ in range(steps):
+            marked()
 
 
 if __name__ == "__main__":
     try:
-        _record(sys.argv[1], int(sys.argv[2]), sys.argv[3] or None, int(sys.argv[4]) if sys.argv[4] else None)
+        _record(sys.argv[1], int(sys.argv[2]), sys.argv[3] or None, int(sys.argv[4]) if sys.argv[4] else None,
+                int(sys.argv[5]) if len(sys.argv) > 5 else 1)
     except Exception as exc:
         print(_CHILD_ERROR + one_line(exc), file=sys.stderr)
         sys.exit(2)

@@ -245,14 +245,14 @@ def _count(skipped: dict, reason: str, n: int) -> None:
         skipped[reason] = skipped.get(reason, 0) + int(n)
 
 
-def _read_ranges(uri, path, con, push, skipped):
+def _read_ranges(uri, path, con, push, skipped, where="1"):
     pa, pc, _ = arrow()
     cols = _columns(con, "NVTX_EVENTS", path)
     # Range text is inline (`text`) or a registered string (`textId` -> StringIds); either may be absent.
     text = "COALESCE(n.text, s.value)" if {"text", "textId"} <= cols else ("n.text" if "text" in cols else "s.value")
     join = "LEFT JOIN StringIds s ON s.id = n.textId" if "textId" in cols else ""
     sql = (f"SELECT n.start, n.end, n.globalTid, COALESCE({text}, '') FROM NVTX_EVENTS n {join} "
-           f"WHERE n.eventType IN ({','.join(map(str, push))}) AND n.end IS NOT NULL")
+           f"WHERE n.eventType IN ({','.join(map(str, push))}) AND n.end IS NOT NULL AND {where}")
     parts = {k: [] for k in ("start", "end", "tid")}
     splits = []
     pool = ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1)))
@@ -383,17 +383,20 @@ def load(path) -> Profile:
         meta = check_schema(con, path)
         arrow()  # the extra's absence is one line before any reading
         push, start_end = _event_type_ids(con, path)
+        from .annotations import domain_filter  # flopcount.nvtx's ranges nest apart from emit_nvtx's
+
+        not_annotation, n_annotation = domain_filter(con, path)
         # kernels and launches are read beside the ranges (SQLite and Arrow's kernels release the GIL)
         kskipped: dict = {}
         with ThreadPoolExecutor(max_workers=1) as side:
             kfuture = side.submit(_read_kernels, uri, path, kskipped)
-            ranges = _read_ranges(uri, path, con, push, skipped)
+            ranges = _read_ranges(uri, path, con, push, skipped, not_annotation)
             kernels = kfuture.result()
         for reason, n in kskipped.items():
             _count(skipped, reason, n)
         n_start_end = _query(con, "SELECT count(*) FROM NVTX_EVENTS WHERE eventType IN "
                                   f"({','.join(map(str, start_end))})", path)[0][0]
-        if ranges.empty:
+        if ranges.empty and not n_annotation:
             why = "; ".join(f"{n:,} {r}" for r, n in skipped.items())
             raise ProfileError(f"{path}: NVTX_EVENTS holds no usable push/pop ranges" +
                                (f" (skipped: {why})" if why else ": the capture had no emit_nvtx markers (wrap the "

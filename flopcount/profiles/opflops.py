@@ -104,7 +104,15 @@ def op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, int_k, 
     fwd = fwd[np.argsort(start[fwd], kind="stable")][::-1]  # the last one wins
     cre_seq, cre_first = np.unique(seq[fwd], return_index=True)
     creator = fwd[cre_first]
-    first_fwd_seq = int(cre_seq[0]) if len(cre_seq) else None
+    # the step's input feeds the first op of each forward pass (a profile may hold several steps): a forward op
+    # is a pass's first where a backward or optimizer op started since the forward op before it
+    fwd_by_t = fwd[np.argsort(start[fwd], kind="stable")]
+    fwd_t = start[fwd_by_t]
+    other = np.sort(start[is_op & ~is_fwd])
+    before = np.concatenate((fwd_t[:1] - 1, fwd_t[:-1]))
+    new_pass = np.searchsorted(other, fwd_t) > np.searchsorted(other, before)
+    new_pass[:1] = True
+    first_seqs = np.unique(seq[fwd_by_t[new_pass]])
 
     def lookup(keys, table_keys, values, missing=-1):
         pos = np.searchsorted(table_keys, keys)
@@ -143,7 +151,7 @@ def op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, int_k, 
     uniq_codes = np.unique(fwd_code[fwd_row >= 0])
     bias_table = np.array([bias_of(int(c)) for c in uniq_codes], dtype=np.int64)
     has_bias = np.where(fwd_row >= 0, lookup(fwd_code, uniq_codes, bias_table, 0), -1)
-    needs = (ns != first_fwd_seq) if first_fwd_seq is not None else np.ones(len(rows), bool)
+    needs = ~np.isin(ns, first_seqs)
     kind = np.where(fw, 0, np.where(opt, 2, 1))
     cols = [name_codes[rows], sc[rows], np.where(fw, out, -1), np.where(fw, linked, 0).astype(np.int64),
             np.where(bw, has_bias, -2), np.where(bw, needs, 0).astype(np.int64), kind]
@@ -195,7 +203,7 @@ def op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, int_k, 
         notes.append(POOL_NOTE)
     if fmt == "nvtx" and any(formulas.op_family(markers.packet(x)) == "attention" for x in op_names):
         notes.append(ATTENTION_NOTE)
-    if first_fwd_seq is not None:
+    if len(first_seqs):
         notes.append(INPUT_NOTE)
     if (phase[rows] == 2).any():
         notes.append(SCALE_NOTE if fmt == "nvtx" else SCALE_NOTE.replace("assumed not 1", "taken as recorded, or "

@@ -84,18 +84,17 @@ class TorchBackend:
         return self._peer[1]
 
     def profile_flops(self, method: str, name: str, batch: int) -> Tuple[int, int, float]:
-        """(forward FLOPs, backward FLOPs, GPU seconds) of one training step recorded under emit_nvtx in nsys,
-        de-duplicated (``nvtx``) or counted the way the 2021 study's tool did (``nvtx-naive``). One recording
-        serves both."""
-        from ..profiles import analyze
+        """(forward FLOPs, backward FLOPs, seconds) of one training step recorded under emit_nvtx in nsys,
+        de-duplicated (``nvtx``) or counted the way the 2021 study's tool did (``nvtx-naive``). One recording of
+        ``steps`` marked steps serves both; seconds is the median time of a marked step in the profile (the
+        per-batch time of the 2021 study's NVTX method)."""
+        from ..profiles.capture import read_steps
 
         key = (name, batch)
         if key not in self._profiles:
             self._profiles[key] = self._record(name, batch)
-        a = analyze(self._profiles[key], naive=(method == "nvtx-naive"))
-        if a.report is None:
-            raise StudyError("the profile has no shapes: FLOPs cannot be derived from its markers")
-        return a.report.total("forward"), a.report.total("backward"), float(a.gpu_seconds())
+        r = read_steps(self._profiles[key], naive=(method == "nvtx-naive"))
+        return r.forward, r.backward, r.seconds_median
 
     def _record(self, name: str, batch: int) -> str:
         import tempfile
@@ -105,7 +104,7 @@ class TorchBackend:
         folder = tempfile.mkdtemp(prefix="flopcount-nvtx-")
         return capture(name, batch, out=os.path.join(folder, f"{name}-b{batch}"),
                        input_shape=",".join(str(d) for d in self.config.image_shape),
-                       num_classes=self.config.num_classes)
+                       num_classes=self.config.num_classes, steps=self.config.steps)
 
     # timing, on the real device
     def _model(self, name: str):

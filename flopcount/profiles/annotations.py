@@ -1,0 +1,322 @@
+"""The ranges ``flopcount.nvtx`` marks (steps, phases, modules), read back from an Nsight Systems SQLite export.
+
+How the nvtx package's ranges are stored (the export schema): a domain is created once per process
+(``NVTX_EVENTS`` row of type NvtxDomainCreate: ``domainId`` and the domain's name in ``text``); each range carries
+its ``domainId``, and its message either inline (``text``) or, as the nvtx package always writes it, as a registered
+string (``textId`` -> ``StringIds``). Push/pop ranges (NvtxPushPopRange) nest per thread and per domain; start/end
+ranges (NvtxStartEndRange) may end on another thread (``endGlobalTid``). Domain ids are numbered per process, so a
+range's domain is looked up by (process, domainId).
+
+What is charged to a range:
+
+* step and phase ranges: every kernel launched by any thread of the range's process while it is open (a GPU's
+  backward runs on the autograd engine's own thread, while the loop's thread waits inside ``backward()``);
+* module ranges: the kernels launched inside the range on its own thread; a kernel under nested module ranges
+  goes to the innermost (self time; ``_incl`` columns add a module's submodules, by dotted path);
+* FLOPs, where the profile has ``emit_nvtx(record_shapes=True)`` markers: each op's de-duplicated FLOPs (see
+  analyze.py) to the ranges open at the op's start, by the same rules. Ops and kernels outside every module range
+  belong to the root ``""`` (the loss and the optimizer), as in ``flopcount count --by module``.
+
+Tables are per step: the mean over the marked steps (the profile's totals where no step is marked).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+from ..nvtx import DOMAIN, PHASES, parse_text
+from ..report import UNCOUNTED
+from . import nsys
+from .ranges import innermost, nest
+
+_DOMAIN_CREATE = 75
+NO_MARKERS = "no emit_nvtx markers in this profile: GPU times only, no FLOPs"
+NO_SHAPES = "the emit_nvtx markers were recorded without shapes: GPU times only, no FLOPs"
+
+
+def _enum(con, path) -> dict:
+    push, start_end = nsys._event_type_ids(con, path)
+    ids = {"push": push, "start_end": start_end, "domain": (_DOMAIN_CREATE,)}
+    rows = nsys._query(con, "SELECT name FROM sqlite_master WHERE type='table' AND name='ENUM_NSYS_EVENT_TYPE'", path)
+    if rows:
+        found = nsys._query(con, "SELECT id FROM ENUM_NSYS_EVENT_TYPE WHERE name='NvtxDomainCreate'", path)
+        ids["domain"] = tuple(i for i, in found) or ids["domain"]
+    return ids
+
+
+def _text_sql(cols: set) -> tuple:
+    if "textId" in cols:
+        text = "COALESCE(n.text, s.value)" if "text" in cols else "s.value"
+        return text, "LEFT JOIN StringIds s ON s.id = n.textId"
+    return "n.text", ""
+
+
+def domains(con, path) -> pd.DataFrame:
+    """Every domain created in the export: ``proc`` (process), ``domain_id``, ``name``."""
+    cols = nsys._columns(con, "NVTX_EVENTS", path)
+    rows = []
+    if "domainId" in cols:
+        text, join = _text_sql(cols)
+        ids = ",".join(map(str, _enum(con, path)["domain"]))
+        rows = nsys._query(con, f"SELECT DISTINCT n.globalTid >> 24, n.domainId, {text} FROM NVTX_EVENTS n {join} "
+                                f"WHERE n.eventType IN ({ids}) AND n.domainId IS NOT NULL", path)
+    if not rows:
+        return pd.DataFrame({"proc": pd.Series(dtype=np.int64), "domain_id": pd.Series(dtype=np.int64),
+                             "name": pd.Series(dtype=object)})
+    return pd.DataFrame.from_records(rows, columns=["proc", "domain_id", "name"])
+
+
+def domain_filter(con, path, domain: str = DOMAIN):
+    """(SQL condition on ``NVTX_EVENTS n`` that leaves ``domain``'s ranges out, how many ranges it leaves out).
+
+    The annotator's ranges nest among themselves but not with emit_nvtx's: a module's backward opens inside one
+    node's engine range and closes inside another's, so the op reader must not see them."""
+    d = domains(con, path)
+    d = d[d["name"] == domain]
+    if d.empty:
+        return "1", 0
+    own = " OR ".join(f"(COALESCE(n.domainId, -1) = {int(i)} AND (n.globalTid >> 24) = {int(p)})"
+                      for p, i in zip(d["proc"], d["domain_id"]))
+    count = nsys._query(con, f"SELECT count(*) FROM NVTX_EVENTS n WHERE {own}", path)[0][0]
+    return f"NOT ({own})", int(count)
+
+
+def read_ranges(path, domain: Optional[str] = None) -> pd.DataFrame:
+    """Every NVTX range of the export (of ``domain`` only, where given): ``start, end, tid, end_tid, kind``
+    (``push/pop`` or ``start/end``), ``domain_id``, ``domain`` (its name, ``""`` where the file lacks the domain's
+    creation, as a time window cut from a capture may), ``text`` (inline or registered) and ``registered``."""
+    con = nsys._connect(path)
+    try:
+        nsys.check_schema(con, path)
+        cols = nsys._columns(con, "NVTX_EVENTS", path)
+        ids = _enum(con, path)
+        text, join = _text_sql(cols)
+        dom = "n.domainId" if "domainId" in cols else "NULL"
+        end_tid = "n.endGlobalTid" if "endGlobalTid" in cols else "NULL"
+        registered = "n.textId IS NOT NULL" if "textId" in cols else "0"
+        kinds = ",".join(map(str, ids["push"] + ids["start_end"]))
+        push = ",".join(map(str, ids["push"]))
+        known = domains(con, path)
+        where = ""
+        if domain is not None:
+            known = known[known["name"] == domain]
+            if known.empty:
+                where = " AND 0"
+            else:
+                where = " AND (" + " OR ".join(f"({dom} = {int(i)} AND (n.globalTid >> 24) = {int(p)})"
+                                               for p, i in zip(known["proc"], known["domain_id"])) + ")"
+        rows = nsys._query(con, f"SELECT n.start, n.end, n.globalTid, {end_tid}, "
+                                f"CASE WHEN n.eventType IN ({push}) THEN 'push/pop' ELSE 'start/end' END, "
+                                f"{dom}, COALESCE({text}, ''), {registered} FROM NVTX_EVENTS n {join} "
+                                f"WHERE n.eventType IN ({kinds}) AND n.end IS NOT NULL{where}", path)
+    finally:
+        con.close()
+    f = pd.DataFrame.from_records(rows, columns=["start", "end", "tid", "end_tid", "kind", "domain_id", "text",
+                                                 "registered"]) if rows else pd.DataFrame(
+        {c: pd.Series(dtype=t) for c, t in [("start", np.int64), ("end", np.int64), ("tid", np.int64),
+                                            ("end_tid", object), ("kind", object), ("domain_id", object),
+                                            ("text", object), ("registered", bool)]})
+    f["registered"] = f["registered"].astype(bool)
+    f["proc"] = f["tid"].to_numpy(np.int64) >> 24
+    names = {(int(p), int(i)): n for p, i, n in zip(known["proc"], known["domain_id"], known["name"])}
+    f["domain"] = [names.get((p, int(i)), "") if i == i and i is not None else ""
+                   for p, i in zip(f["proc"], f["domain_id"])]
+    return f.sort_values(["tid", "start", "end"], ascending=[True, True, False], kind="stable").reset_index(drop=True)
+
+
+@dataclass
+class Annotations:
+    """``ranges``: the domain's ranges (kind step/phase/module, name, direction, start, end, tid, proc);
+    ``kernels`` and ``ops`` (None without FLOPs): each with the step, phase and module it is charged to;
+    ``steps``: the number of step ranges, which the per-step tables divide by."""
+
+    path: str
+    ranges: pd.DataFrame
+    kernels: pd.DataFrame
+    ops: Optional[pd.DataFrame]
+    steps: int
+    notes: list = field(default_factory=list)
+
+    @property
+    def has_flops(self) -> bool:
+        return self.ops is not None
+
+    def step_seconds(self) -> np.ndarray:
+        """The wall time of every marked step, in order (the per-batch time of the profile)."""
+        s = self.ranges[self.ranges["kind"] == "step"].sort_values("start")
+        return (s["end"] - s["start"]).to_numpy(np.int64) / 1e9
+
+    def by(self, key: str = "step") -> pd.DataFrame:
+        if key == "step":
+            return self._by_step()
+        if key == "phase":
+            return self._by_phase()
+        if key == "module":
+            return self._by_module()
+        raise ValueError(f"cannot group annotations by {key!r}; use step, phase or module")
+
+    @staticmethod
+    def _sums(frame, key) -> pd.DataFrame:
+        return pd.DataFrame({"gpu_s": frame.groupby(key)["gpu_ns"].sum() / 1e9, "kernels": frame.groupby(key).size()})
+
+    def _by_step(self) -> pd.DataFrame:
+        s = self.ranges[self.ranges["kind"] == "step"].copy()
+        s["step"] = s["name"].astype(np.int64)
+        s["wall_s"] = (s["end"] - s["start"]) / 1e9
+        index = ["proc", "step"] if s["proc"].nunique() > 1 else ["step"]
+        t = s.groupby(index)["wall_s"].sum().to_frame()
+        k = self.kernels[self.kernels["step"] >= 0]
+        sums = self._sums(k, [k["proc"], k["step"]] if len(index) == 2 else "step")
+        t = t.join(sums).fillna({"gpu_s": 0.0, "kernels": 0})
+        t["kernels"] = t["kernels"].astype(np.int64)
+        if self.ops is not None:
+            o = self.ops[self.ops["step"] >= 0]
+            f = o.groupby(["proc", "step"] if len(index) == 2 else "step")["flops"].sum()
+            t["flops"] = f.reindex(t.index).fillna(0).astype(np.int64)
+            t["flops_per_s"] = t["flops"] / t["gpu_s"].where(t["gpu_s"] > 0)
+        return t
+
+    def _by_phase(self) -> pd.DataFrame:
+        p = self.ranges[self.ranges["kind"] == "phase"]
+        wall = ((p["end"] - p["start"]) / 1e9).groupby(p["name"]).sum() / self.steps
+        order = [x for x in PHASES if x in set(p["name"])]
+        t = pd.DataFrame({"wall_s": wall}).reindex(order)
+        t.index.name = "phase"
+        k = self.kernels[self.kernels["phase"] != ""]
+        sums = self._sums(k, "phase")
+        t = t.join(sums).fillna({"gpu_s": 0.0, "kernels": 0})
+        t["gpu_s"] /= self.steps
+        t["kernels"] = _exact(t["kernels"], self.steps)
+        if self.ops is not None:
+            o = self.ops[self.ops["phase"] != ""]
+            t["flops"] = _exact(o.groupby("phase")["flops"].sum().reindex(t.index).fillna(0), self.steps)
+            t["flops_per_s"] = t["flops"] / t["gpu_s"].where(t["gpu_s"] > 0)
+        return t
+
+    def _by_module(self) -> pd.DataFrame:
+        m = self.ranges[(self.ranges["kind"] == "module")]
+        fwd = m[m["direction"] == "forward"]
+        has_phases = (self.ranges["kind"] == "phase").any()
+
+        def in_pass(f):  # forward and backward: the optimizer and the gaps between steps are not a module's
+            return f[f["phase"].isin(("forward", "backward"))] if has_phases else f
+
+        k = in_pass(self.kernels)
+        # the model's order: modules as their forward first began; the root first
+        first = fwd.groupby("name")["start"].min().sort_values(kind="stable")
+        rest = (set(m["name"]) | set(k["module"])) - set(first.index) - {""}
+        names = [""] + [n for n in first.index if n] + sorted(rest)
+        t = pd.DataFrame(index=pd.Index(names, name="module"))
+        t["calls"] = _exact(fwd.groupby("name").size().reindex(t.index).fillna(0), self.steps)
+        if self.ops is not None:
+            o = in_pass(self.ops)
+            pivot = o.pivot_table(index="module", columns="op_phase", values="flops", aggfunc="sum", fill_value=0)
+            for ph in ("forward", "backward"):
+                col = pivot[ph] if ph in pivot.columns else pd.Series(dtype=np.int64)
+                t[ph] = _exact(col.reindex(t.index).fillna(0), self.steps)
+        t["gpu_s"] = (k.groupby("module")["gpu_ns"].sum() / 1e9).reindex(t.index).fillna(0.0) / self.steps
+        t["gpu_s_incl"] = _inclusive(t["gpu_s"])
+        if self.ops is not None:
+            t["flops_incl"] = _inclusive(t["forward"] + t["backward"])
+            t["flops_per_s"] = t["flops_incl"] / t["gpu_s_incl"].where(t["gpu_s_incl"] > 0)
+        return t
+
+
+def _exact(values: pd.Series, n: int) -> pd.Series:
+    """``values / n``, kept integral where every value divides (identical steps)."""
+    v = values.astype(np.int64)
+    return v // n if bool((v % n == 0).all()) else values / n
+
+
+def _inclusive(self_values: pd.Series) -> pd.Series:
+    """Each module's value plus its submodules' (by dotted path; the root ``""`` holds everything)."""
+    names = self_values.index.to_series()
+    out = {}
+    for name in names:
+        under = (names == name) | names.str.startswith(name + ".") if name else names == names
+        out[name] = self_values[under.to_numpy()].sum()
+    return pd.Series(out).reindex(self_values.index)
+
+
+def _lanes(frame: pd.DataFrame, lane) -> pd.DataFrame:
+    f = frame.assign(tid=lane).sort_values(["tid", "start", "end"], ascending=[True, True, False], kind="stable")
+    return nest(f.reset_index(drop=True))
+
+
+def _charge(lanes: pd.DataFrame, lane, times, column: str, default):
+    """The ``column`` of the innermost range of ``lanes`` holding each (lane, time), else ``default``."""
+    idx = innermost(lanes, np.asarray(lane, np.int64), np.asarray(times, np.int64))
+    values = lanes[column].to_numpy(object)
+    return np.where(idx >= 0, values[np.maximum(idx, 0)] if len(values) else default, default)
+
+
+def read(profile, analysis=None, domain: str = DOMAIN) -> Annotations:
+    """The annotator's ranges of ``profile`` (a path or a loaded ``nsys.Profile``) with the kernels and the ops'
+    FLOPs charged to them; ``analysis`` is ``analyze(profile)`` where the caller has it already."""
+    prof = profile if isinstance(profile, nsys.Profile) else nsys.load(profile)
+    if analysis is None and len(prof.ranges):
+        from .analyze import analyze
+
+        analysis = analyze(prof)
+    rng = read_ranges(prof.path, domain)
+    parsed = [parse_text(t) for t in rng["text"]]
+    rng["kind"] = [p[0] for p in parsed]
+    rng["name"] = [p[1] for p in parsed]
+    rng["direction"] = [p[2] for p in parsed]
+    rng = rng[rng["kind"] != "other"].reset_index(drop=True)
+    notes = []
+    steps = _lanes(rng[rng["kind"] == "step"], rng.loc[rng["kind"] == "step", "proc"])
+    phases = _lanes(rng[rng["kind"] == "phase"], rng.loc[rng["kind"] == "phase", "proc"])
+    modules = _lanes(rng[rng["kind"] == "module"], rng.loc[rng["kind"] == "module", "tid"])
+
+    def charge(frame, tid, time):
+        tid = np.asarray(tid, np.int64)
+        proc = tid >> 24
+        frame["step"] = _charge(steps, proc, time, "name", "-1").astype(np.int64)
+        frame["phase"] = _charge(phases, proc, time, "name", "")
+        frame["module"] = _charge(modules, tid, time, "name", "")
+        frame["proc"] = proc
+        return frame
+
+    k = prof.kernels
+    launched = k[k["launch_tid"] >= 0]
+    kernels = charge(pd.DataFrame({"gpu_ns": (launched["end"] - launched["start"]).to_numpy(np.int64)}),
+                     launched["launch_tid"], launched["launch_start"])
+    ops = None
+    if analysis is None or analysis.ranges == 0:
+        notes.append(NO_MARKERS)
+    elif not analysis.has_shapes:
+        notes.append(NO_SHAPES)
+    else:
+        o = analysis.op_ranges
+        ops = charge(pd.DataFrame({"op": o["op"].to_numpy(object), "op_phase": o["phase"].to_numpy(object),
+                                   "flops": o["flops"].to_numpy(np.int64), "status": o["status"].to_numpy(object)}),
+                     o["tid"], o["start"])
+        missing = ops[(ops["status"] == UNCOUNTED) & (ops["step"] >= 0)]
+        if len(missing):
+            notes.append(f"FLOPs not derived for {len(missing)} op call(s) inside marked steps (not in the sums; "
+                         "see `flopcount nsys PROFILE --by op`)")
+    n_steps = int((rng["kind"] == "step").sum())
+    outside = kernels["step"] < 0
+    if n_steps and outside.any():
+        notes.append(f"{int(outside.sum())} kernel(s), {kernels.loc[outside, 'gpu_ns'].sum() / 1e9:.6f} s of GPU time, "
+                     "were launched outside every marked step")
+    if prof.unlaunched:
+        notes.append(f"{prof.unlaunched} kernel(s) have no launch in this file; they are charged to no range")
+    if not n_steps and len(rng):
+        notes.append("no step ranges: the tables hold the whole profile")
+    return Annotations(path=prof.path, ranges=rng, kernels=kernels, ops=ops, steps=max(n_steps, 1), notes=notes)
+
+
+def load(path, domain: str = DOMAIN) -> Annotations:
+    """Read ``path`` once: its kernels, its emit_nvtx ops (where it has any) and the annotator's ranges.
+    Raises ProfileError where the file holds none of the annotator's ranges."""
+    prof = nsys.load(path)
+    ann = read(prof, domain=domain)
+    if ann.ranges.empty:
+        raise nsys.ProfileError(f"{prof.path}: no ranges of the NVTX domain {domain!r}: mark the training loop with "
+                                "flopcount.nvtx.annotate (see README, 'Annotating your own loop')")
+    return ann
