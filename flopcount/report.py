@@ -10,7 +10,8 @@ from typing import Any, Dict, Iterable, Optional
 
 import pandas as pd
 
-PHASES = ("forward", "backward", "optimizer")
+# recompute: forward ops re-run during backward by activation checkpointing (hardware FLOPs, not model FLOPs)
+PHASES = ("forward", "backward", "recompute", "optimizer")
 
 # Row status: the op has a formula, is declared zero-FLOP, or was seen without a formula.
 COUNTED, ZERO, UNCOUNTED = "counted", "zero", "uncounted"

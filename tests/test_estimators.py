@@ -149,7 +149,7 @@ def test_assumed_backward_is_left_out_without_backward(name):
 
 def test_declared_capabilities():
     caps = {name: get_estimator(name).capabilities for name in PEERS + ("dispatch",)}
-    assert caps["dispatch"].phases == ("forward", "backward", "optimizer") and caps["dispatch"].optimizer
+    assert caps["dispatch"].phases == ("forward", "backward", "recompute", "optimizer") and caps["dispatch"].optimizer
     assert caps["dispatch"].devices[0] == "meta" and not caps["dispatch"].real_weights
     assert caps["fvcore"].assumed == caps["theory"].assumed == ("backward",)
     assert caps["fvcore"].seen == ("forward",)
@@ -223,6 +223,8 @@ def test_optimizer_refused_by_the_peers(name):
 
 def test_request_validates_itself():
     with pytest.raises(EstimatorError, match="unknown phase"):
+        Request(tiny(), x(), phases=("forward", "sideways"))
+    with pytest.raises(EstimatorError, match="needs the backward phase"):
         Request(tiny(), x(), phases=("forward", "recompute"))
     with pytest.raises(EstimatorError, match="must include 'forward'"):
         Request(tiny(), x(), phases=("backward",))

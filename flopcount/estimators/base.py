@@ -109,6 +109,9 @@ class Request:
             raise EstimatorError(f"unknown phase(s) {', '.join(map(repr, unknown))}; phases are {', '.join(PHASES)}")
         if "forward" not in phases:
             raise EstimatorError("a step always has a forward phase; phases must include 'forward'")
+        if "recompute" in phases and "backward" not in phases:
+            raise EstimatorError("recompute (forward ops re-run by checkpointing) happens inside backward: it needs "
+                                 "the backward phase")
         if "optimizer" in phases and self.optimizer is None:
             raise EstimatorError("the optimizer phase is wanted but no optimizer= was given")
         if self.optimizer is not None and "optimizer" not in phases:
@@ -227,6 +230,8 @@ def run(estimator, request: Request) -> FlopReport:
     if not isinstance(report, FlopReport):
         raise EstimatorError(f"{estimator.name} returned {type(report).__name__}, not a FlopReport")
     allowed = set(request.phases) & set(estimator.capabilities.phases)
+    if "backward" in allowed and "recompute" in estimator.capabilities.phases:
+        allowed.add("recompute")  # checkpointed forward ops re-run inside the backward asked for
     extra = (set(report.phases) | set(report.frame["phase"])) - allowed
     if extra:
         raise EstimatorError(f"{estimator.name} reported phase(s) {', '.join(sorted(extra))} that were not asked "

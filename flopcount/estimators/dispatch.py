@@ -29,7 +29,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import formulas
-from ..step import batch_size_of, default_loss, meta_like, module_stack, preserved, random_on, rebuild_optimizer
+from ..step import (batch_size_of, call_model, default_loss, meta_like, module_stack, preserved, random_on,
+                    rebuild_optimizer)
 from ..report import COUNTED, UNCOUNTED, ZERO, FlopReport
 from .base import Capabilities, Request
 from . import fallback
@@ -163,7 +164,12 @@ class _Counter(TorchDispatchMode):
             return out
 
         phase = self.phase
-        if phase == "forward":
+        if phase == "backward" and torch.is_grad_enabled() and _current_node() is not None:
+            # The engine runs a node's backward ops with grad mode off; an op that runs with it on while a node is
+            # being run is a forward op re-run by activation checkpointing (reentrant or not), inside its
+            # module's hooks again. (Before the engine starts, the seed gradient is made with grad mode on.)
+            phase = "recompute"
+        if phase in ("forward", "recompute"):
             module = self.stack[-1]
             self.claim()
         elif phase == "backward":
@@ -267,8 +273,13 @@ class _StandIns:
 
     def inputs(self, inputs):
         if self.device != "meta":
-            return torch.utils._pytree.tree_map(
-                lambda x: x.to(self.device) if isinstance(x, torch.Tensor) else x, inputs)
+            def leaf(x):  # a new leaf: the backward must not accumulate into the caller's tensor's .grad
+                if not isinstance(x, torch.Tensor):
+                    return x
+                t = x.detach().to(self.device)
+                return t.requires_grad_(True) if x.requires_grad else t
+
+            return torch.utils._pytree.tree_map(leaf, inputs)
         if self.mode is None:
             return meta_like(inputs)
 
@@ -281,12 +292,13 @@ class _StandIns:
         return torch.utils._pytree.tree_map(fake, inputs)
 
 
-def _call(model, params, inputs):
-    if isinstance(inputs, dict):
-        return torch.func.functional_call(model, params, (), inputs)
-    if not isinstance(inputs, tuple):
-        inputs = (inputs,)
-    return torch.func.functional_call(model, params, inputs)
+def _stand_ins(model, params):
+    """The model's parameters and buffers replaced by the stand-ins for the whole step, forward to optimizer (as
+    ``functional_call`` does for one call): a reentrant checkpoint re-runs the forward inside backward, and must
+    find the stand-ins there too, never the caller's tensors."""
+    from torch.nn.utils.stateless import _reparametrize_module
+
+    return _reparametrize_module(model, params)
 
 
 def _run(model, inputs, *, backward, loss_fn, device, optimizer, as_device, optimizer_model=None, state=None):
@@ -313,15 +325,18 @@ def _run(model, inputs, *, backward, loss_fn, device, optimizer, as_device, opti
         if device == "meta":
             stack.enter_context(kernels_as(as_device))
         counter.stack = stack.enter_context(module_stack(model, on_change=counter.claim))
+        stack.enter_context(_stand_ins(model, params))
         stack.enter_context(torch.enable_grad() if backward else torch.no_grad())
         stack.enter_context(counter)
-        output = _call(model, params, inputs)
+        output = call_model(model, inputs)
         if backward:
             loss = (loss_fn or default_loss)(output)
             counter.claim()  # the loss's nodes belong to the root
             counter.phase = "backward"
             if isinstance(loss, torch.Tensor) and loss.requires_grad:
                 loss.backward()
+                if any(k[2] == "recompute" for k in counter.rows):
+                    phases.append("recompute")
             else:  # a parameter-free model on inputs that need no gradient: there is nothing to differentiate
                 notes.append("nothing in the step requires a gradient: its backward computes nothing")
                 opt = None
@@ -421,7 +436,7 @@ class DispatchEstimator:
     """flopcount's own counter: every aten op, forward and backward (and optimizer), per module, with bytes."""
 
     name = "dispatch"
-    capabilities = Capabilities(phases=("forward", "backward", "optimizer"), devices=("meta", "cpu", "cuda"),
+    capabilities = Capabilities(phases=("forward", "backward", "recompute", "optimizer"), devices=("meta", "cpu", "cuda"),
                                 loss_fn=True, real_weights=False, kernels=("cpu", "cuda"))
 
     def estimate(self, request: Request) -> FlopReport:
