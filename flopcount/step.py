@@ -97,9 +97,11 @@ def signature(x) -> tuple:
     return tuple((tuple(t.shape), str(t.dtype)) for t in _tensors(x))
 
 
-def make_inputs(model, batch, *, name: str = "", device, dtype=None, scope: str = "batch", input_shape=None):
+def make_inputs(model, batch, *, name: str = "", device, dtype=None, scope: str = "batch", input_shape=None,
+                seq_len=None):
     """The step's input on ``device``: ``batch`` is a tensor, a tuple/dict of tensors, or an int (a batch of the
-    model's example input, with random values). ``scope="one"`` keeps the first sample only."""
+    model's example input, with random values; ``seq_len`` asks for token ids). ``scope="one"`` keeps the first
+    sample only."""
     from .models import example_inputs
 
     if isinstance(batch, bool) or batch is None:
@@ -109,7 +111,7 @@ def make_inputs(model, batch, *, name: str = "", device, dtype=None, scope: str 
             raise UtilizationError(f"batch size must be a positive integer, not {batch}")
         n = 1 if scope == "one" else batch
         template = example_inputs(unwrap(model), name, batch=n, input_shape=input_shape, device="meta",
-                                  dtype=dtype or torch.float32)
+                                  dtype=dtype or torch.float32, seq_len=seq_len)
         return random_on(template, device, dtype)
     inputs = to_device(batch, device, dtype)
     return first_sample(inputs) if scope == "one" else inputs

@@ -88,6 +88,7 @@ class _Setup:
     device_spec: object
     model_name: str
     input_shape: object
+    seq_len: object
     warmup: int
     clock: object
     cuda: object
@@ -146,7 +147,8 @@ class _Tally:
 
 def utilization(model, batch, *, device=None, dtype=None, steps: int = 5, warmup: int = 2, peak=None,
                 device_spec=None, scope: str = "batch", loader=None, loss_fn=None, optimizer=None, target=None,
-                autocast=None, input_shape=None, model_name: str = "", clock=None, cuda=None) -> Utilization:
+                autocast=None, input_shape=None, seq_len=None, model_name: str = "", clock=None,
+                cuda=None) -> Utilization:
     """Measure the utilization of ``model``'s training step (forward, loss, backward, optimizer step).
 
     The model is trained for the warm-up and timed steps (SGD lr=0.01 unless ``optimizer`` is given): pass a copy
@@ -154,19 +156,20 @@ def utilization(model, batch, *, device=None, dtype=None, steps: int = 5, warmup
     and its inputs (a bf16 model); ``autocast`` runs the step under ``torch.autocast`` in that dtype instead.
     ``scope``: "one" (a batch of one sample), "batch", or "epoch" (every batch of ``loader``, or of a synthetic
     loader of 4 batches; total FLOPs over total time). ``peak`` (FLOP/s) or ``device_spec`` (a name from
-    ``flopcount peaks``) override the device's own peak.
+    ``flopcount peaks``) override the device's own peak. ``seq_len`` with an int batch gives a language model
+    token ids of that length: the result then has tokens per second, MFU and HFU per token.
     """
     if scope not in SCOPES:
         raise UtilizationError(f"unknown scope {scope!r}; use one of {', '.join(SCOPES)}")
     setup = _prepare(model, device=device, dtype=dtype, autocast=autocast, optimizer=optimizer, loss_fn=loss_fn,
                      peak=peak, device_spec=device_spec, model_name=model_name, input_shape=input_shape,
-                     warmup=warmup, clock=clock, cuda=cuda)
+                     seq_len=seq_len, warmup=warmup, clock=clock, cuda=cuda)
     if scope == "epoch":
         return _epoch(setup, batch, loader)
 
     with oom_as_error("making the input batch"):
         inputs = steps_.make_inputs(model, batch, name=model_name, device=setup.dev, dtype=setup.dtype, scope=scope,
-                                    input_shape=input_shape)
+                                    input_shape=input_shape, seq_len=seq_len)
     if target is not None and scope == "one":
         target = steps_.first_sample(target)
     tally = _Tally()
@@ -212,7 +215,7 @@ def _synthetic_loader(setup: _Setup, batch, batches: int = 4):
     if not isinstance(batch, int) or isinstance(batch, bool):
         raise UtilizationError("scope 'epoch' needs a loader=, or an int batch size to build a synthetic one")
     x = steps_.make_inputs(setup.model, batch * batches, name=setup.model_name, device="cpu", dtype=setup.dtype,
-                           input_shape=setup.input_shape)
+                           input_shape=setup.input_shape, seq_len=setup.seq_len)
     if not isinstance(x, torch.Tensor):
         raise UtilizationError("scope 'epoch' with a multi-input model needs a loader=")
     data = torch.utils.data.TensorDataset(x, torch.zeros(x.shape[0], dtype=torch.long))

@@ -11,7 +11,7 @@ from .main import (EXIT_OK, add_format, add_model, natural_int, positive_float, 
 
 def add(sub) -> None:
     p = sub.add_parser("utilization", help="measured FLOP/s of a training step against the device's peak")
-    add_model(p, batch_default=None)
+    add_model(p, batch_default=None, tokens=True)
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16, float16 or float64: the model's and input's dtype")
     p.add_argument("--autocast", default=None, help="run the step under torch.autocast in this dtype instead")
@@ -39,7 +39,8 @@ def _utilization(args) -> int:
         raise FlopcountError("give the batch size with --batch N")
     u, rank = from_spec(args.model, args.batch or 1, device=args.device, num_classes=args.num_classes,
                         dtype=args.dtype, autocast=args.autocast, steps=args.steps, warmup=args.warmup,
-                        peak=args.peak, device_spec=args.device_spec, scope=args.scope, input_shape=args.input_shape)
+                        peak=args.peak, device_spec=args.device_spec, scope=args.scope, input_shape=args.input_shape,
+                        seq_len=args.seq_len)
     if rank != 0:  # under torchrun every rank holds the global figures; one prints them
         return EXIT_OK
     if args.format == "json":
@@ -64,8 +65,15 @@ def lines(u, width=None) -> List[str]:
     seconds = (f"{R.seconds(u.seconds_per_step)} (median of {u.steps} steps after {u.warmup} warm-up{spread})"
                if u.scope != "epoch" else f"{R.seconds(u.seconds_per_step)} (one epoch of {u.steps} steps, divided)")
     phases = ", ".join(f"{p} {R.si(v)}" for p, v in u.flops_by_phase.items())
-    items = [
-        ("utilization", f"{R.ratio(u.utilization)} ({R.share(u.utilization)} of peak)"),
+    items = [("utilization", f"{R.ratio(u.utilization)} ({R.share(u.utilization)} of peak)")]
+    if "recompute" in u.flops_by_phase or u.tokens_per_step:
+        items += [("MFU", f"{R.ratio(u.mfu)} (model FLOPs: forward, backward, optimizer)"),
+                  ("HFU", f"{R.ratio(u.hfu)} (hardware FLOPs: the model's and the recomputed forward)")]
+    if u.tokens_per_step:
+        items += [("tokens per second", f"{R.si(u.tokens_per_second)} ({R.si(u.tokens_per_step)} per step)"),
+                  ("FLOPs per token", f"model {R.si(u.model_flops_per_token)}, hardware "
+                                      f"{R.si(u.hardware_flops_per_token)}")]
+    items += [
         ("FLOPs per step", f"{R.si(u.flops_per_step)} ({phases})"),
         ("seconds per step", seconds),
         ("achieved", R.si(u.achieved_flops, "FLOP/s")),

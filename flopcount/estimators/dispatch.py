@@ -298,7 +298,7 @@ def _stand_ins(model, params):
     find the stand-ins there too, never the caller's tensors."""
     from torch.nn.utils.stateless import _reparametrize_module
 
-    return _reparametrize_module(model, params)
+    return _reparametrize_module(model, params, tie_weights=True)
 
 
 def _run(model, inputs, *, backward, loss_fn, device, optimizer, as_device, optimizer_model=None, state=None):

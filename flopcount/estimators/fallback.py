@@ -79,7 +79,27 @@ def real_model(model: torch.nn.Module) -> torch.nn.Module:
     if rebuilt is None:
         raise NeedsRealTensors("its weights are on meta and flopcount cannot rebuild them: build the model on the "
                                "CPU and count with device='cpu'")
+    _carry_settings(model, rebuilt)
     return rebuilt
+
+
+def _carry_settings(model: torch.nn.Module, rebuilt: torch.nn.Module) -> None:
+    """What the caller set on the model after building it (training mode, activation checkpointing, a config's
+    flags): every plain attribute of each module, tensors and torch's own bookkeeping left out, is carried over to
+    the rebuilt one, so that the step counted on the CPU is the step asked for."""
+    theirs = dict(rebuilt.named_modules())
+    for path, mod in model.named_modules():
+        other = theirs.get(path)
+        if other is None or type(other) is not type(mod):
+            continue
+        for key, value in vars(mod).items():
+            if key in _TORCH_STATE or isinstance(value, (torch.Tensor, torch.nn.Module)):
+                continue
+            other.__dict__[key] = value
+
+
+# torch.nn.Module's own state: parameters, buffers, children and hooks stay the rebuilt module's
+_TORCH_STATE = frozenset(vars(torch.nn.Module()).keys()) - {"training"}
 
 
 def gib(n: int) -> str:

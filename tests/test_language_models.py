@@ -1,0 +1,132 @@
+"""Language-model utilization: the recompute phase of activation checkpointing, MFU against HFU, tokens per second,
+and the palm closed form against the count (issue: MFU and HFU side by side)."""
+import os
+
+import pytest
+import torch
+from torch.utils.checkpoint import checkpoint
+
+import flopcount
+from flopcount import distributed
+
+pytest.importorskip("transformers")
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "hf")
+
+
+def hf(name, batch=2, seq_len=32):
+    from flopcount.models import build
+
+    return build(f"hf:{os.path.join(FIXTURES, name)}", batch=batch, seq_len=seq_len, device="meta")
+
+
+def by_module(report, phase):
+    f = report.frame
+    return f[f["phase"] == phase].groupby("module")["flops"].sum()
+
+
+def test_without_checkpointing_there_is_no_recompute_phase():
+    model, inputs, _ = hf("llama-gqa-tiny")
+    r = flopcount.count(model, inputs)
+    assert r.phases == ("forward", "backward") and r.total("recompute") == 0
+
+
+def test_checkpointed_decoder_layers_are_recomputed_once_each():
+    model, inputs, _ = hf("llama-gqa-tiny")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    r = flopcount.count(model, inputs)
+    assert "recompute" in r.phases
+    fwd, rec = by_module(r, "forward"), by_module(r, "recompute")
+    layers = [m for m in fwd.index if m.startswith("model.layers.")]
+    leaves = [m for m in layers if not any(o.startswith(m + ".") for o in layers)]
+    assert leaves and all(rec.get(m, 0) == fwd[m] for m in leaves)   # each projection, norm and activation again
+    # in all, the decoder layers' forward once more (the layers' own residual adds land on the checkpoint's caller)
+    layer_forward = sum(fwd[m] for m in layers)
+    assert r.total("recompute") == layer_forward
+    assert not any(rec.get(m, 0) for m in fwd.index if m.startswith(("lm_head", "model.norm", "model.embed")))
+    # hardware / model FLOPs = 1 + (the layers' forward) / (forward + backward)
+    model_flops = r.total("forward") + r.total("backward")
+    assert (model_flops + r.total("recompute")) / model_flops == pytest.approx(1 + layer_forward / model_flops)
+
+
+class TinyLM(torch.nn.Module):
+    """Embedding, one checkpointed MLP block, a head: token ids in, logits out."""
+
+    def __init__(self, vocab=50, d=16, checkpointed=True):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, d)
+        self.block = torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.ReLU(), torch.nn.Linear(4 * d, d))
+        self.head = torch.nn.Linear(d, vocab)
+        self.checkpointed = checkpointed
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        x = checkpoint(self.block, x, use_reentrant=True) if self.checkpointed else self.block(x)
+        return self.head(x).flatten(0, 1)
+
+
+class Clock:
+    def __init__(self, step_s):
+        self.now, self.step_s = 0.0, step_s
+
+    def __call__(self):
+        self.now += self.step_s
+        return self.now
+
+
+def _measure(model, ids, **kw):
+    return flopcount.utilization(model, ids, peak=1e9, steps=3, warmup=1, clock=Clock(0.5),
+                                 loss_fn=lambda out: out.sum(), **kw)
+
+
+def test_mfu_hfu_and_tokens_from_the_counted_step():
+    torch.manual_seed(0)
+    model = TinyLM()
+    ids = torch.zeros(2, 8, dtype=torch.long)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    r = flopcount.count(model, ids, loss_fn=lambda out: out.sum(), optimizer=opt)
+    model_flops = r.total("forward") + r.total("backward") + r.total("optimizer")
+    hardware = model_flops + r.total("recompute")
+    assert r.total("recompute") > 0
+    u = _measure(model, ids, optimizer=opt)
+    # each timed step reads the clock once more: 0.5 s a step
+    assert u.seconds_per_step == pytest.approx(0.5)
+    assert u.model_flops_per_step == model_flops and u.flops_per_step == hardware
+    assert u.mfu == pytest.approx(model_flops / 0.5 / 1e9) and u.hfu == pytest.approx(hardware / 0.5 / 1e9)
+    assert u.utilization == u.hfu
+    assert u.tokens_per_step == 16 and u.tokens_per_second == pytest.approx(32.0)
+    assert u.model_flops_per_token == pytest.approx(model_flops / 16)
+    assert u.hardware_flops_per_token == pytest.approx(hardware / 16)
+
+
+def test_several_ranks_sum_tokens_and_flops(monkeypatch):
+    one = _measure(TinyLM(checkpointed=False), torch.zeros(2, 8, dtype=torch.long))
+    # two identical ranks: sums double, the slowest step is the same
+    monkeypatch.setattr(distributed, "reduce", lambda values, op: [2 * v for v in values] if op == "sum" else values)
+    two = _measure(TinyLM(checkpointed=False), torch.zeros(2, 8, dtype=torch.long))
+    assert two.world_size == 2 and two.tokens_per_second == pytest.approx(2 * one.tokens_per_second)
+    assert two.flops_per_step == pytest.approx(2 * one.flops_per_step)
+    assert two.mfu == pytest.approx(one.mfu) and two.hfu == pytest.approx(one.hfu)
+
+
+@pytest.mark.parametrize("fixture", ["gpt2-tiny", "llama-gqa-tiny"])
+def test_palm_against_the_count(fixture):
+    model, inputs, _ = hf(fixture, seq_len=64)
+    table = flopcount.compare(model, inputs, estimators=("dispatch", "palm")).set_index(["op", "phase"])
+    config = model.config
+    heads = config.num_attention_heads
+    q = getattr(config, "head_dim", None) or config.hidden_size // heads
+    # The README's factor: per score, palm counts QK^T and PV (4Q); the count adds the softmax (5) and the mask (1),
+    # so its attention matmul term is palm's x (1 + 6 / 4Q), where nothing else runs inside the attention module
+    palm_attention = table.loc[("attention", "forward"), "palm"]
+    factor = 1 + 6 / (4 * q)
+    got = table.loc[("attention", "forward"), "dispatch"]
+    if fixture == "gpt2-tiny":
+        assert got == pytest.approx(palm_attention * factor, rel=1e-12)
+    else:  # the rotary embedding's arithmetic also runs inside Llama's attention module: a little more
+        assert palm_attention * factor <= got <= palm_attention * factor * 1.03
+    # the parameter term: the same matmuls, biases and norm weights aside
+    lin = table.loc[("linear", "forward")]
+    assert lin["palm"] == pytest.approx(lin["dispatch"], rel=0.01)
+    # whole step: palm leaves out norms, activations, softmax and adds: within 5% of the count
+    total = table.loc[("(total)", "forward")]
+    assert total["palm"] == pytest.approx(total["dispatch"], rel=0.05)
