@@ -33,8 +33,10 @@ def _torchvision_builder(name: str):
         return None
 
 
-def load_model(spec: str, *, num_classes: Optional[int] = None, device: str = "cpu") -> Tuple[torch.nn.Module, str]:
-    """Build the model a spec names, in training mode; returns (model, display name).
+def load_model(spec: str, *, num_classes: Optional[int] = None, device: str = "cpu",
+               train: bool = True) -> Tuple[torch.nn.Module, str]:
+    """Build the model a spec names, in training mode (``train=False``: in the mode its factory gave it);
+    returns (model, display name).
 
     ``device="meta"`` builds it without allocating its weights, so any size can be counted. Torchvision models are
     built with ``weights=None``: nothing is downloaded.
@@ -67,11 +69,11 @@ def load_model(spec: str, *, num_classes: Optional[int] = None, device: str = "c
         raise ModelSpecError(f"{spec!r} gave a {type(model).__name__}, not a torch.nn.Module")
     if device != "meta" and isinstance(model, torch.nn.Module) and ":" in spec:
         model = model.to(device)
-    return model.train(), name
+    return (model.train() if train else model), name
 
 
 def build(spec: str, *, batch: int = 1, input_shape=None, num_classes: Optional[int] = None, device: str = "meta",
-          dtype=None, random: bool = False):
+          dtype=None, random: bool = False, train: bool = True):
     """(model, a batch of its example input, display name) from a model spec: the one entry point every command
     takes a MODEL through. ``dtype`` converts both; ``random`` fills the input with seeded random values (for
     estimators that really run the model; meta needs none)."""
@@ -79,7 +81,7 @@ def build(spec: str, *, batch: int = 1, input_shape=None, num_classes: Optional[
     from .step import random_on
 
     dtype = parse_dtype(dtype)
-    model, name = load_model(spec, num_classes=num_classes, device=device)
+    model, name = load_model(spec, num_classes=num_classes, device=device, train=train)
     if dtype is not None:
         model = model.to(dtype)
     from .timing import oom_as_error

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import formulas
+from ..errors import reason
 from ..step import batch_size_of, default_loss, meta_like, module_stack, rebuild_optimizer
 from ..report import COUNTED, UNCOUNTED, ZERO, FlopReport
 from .base import Capabilities, Request
@@ -152,7 +153,7 @@ class _Counter(TorchDispatchMode):
             try:
                 res = info.formula(*_to_shapes(args), out_shape=_to_shapes(out), **{k: _to_shapes(v) for k, v in kwargs.items()})
             except Exception as exc:  # a formula that cannot read these arguments must not pass as zero
-                self.errors[info.name] = f"{type(exc).__name__}: {exc}"
+                self.errors[info.name] = reason(exc)
                 res, status = 0, UNCOUNTED
             if isinstance(res, tuple):
                 flops = int(res[0])
