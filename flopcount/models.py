@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import math
 import os
 import re
 import sys
@@ -159,4 +160,8 @@ def example_inputs(model: torch.nn.Module, name: str = "", *, batch: int = 1, in
     if input_shape is None and callable(own) and len(inspect.signature(own).parameters) >= 1:
         return own(int(batch))
     shape = sample_shape(model, name, input_shape)
+    numel = math.prod((int(batch),) + shape)
+    if numel >= 1 << 62:  # torch would fail to size its storage, with a message that names no option
+        raise InputShapeError(f"batch {int(batch)} x input shape {','.join(map(str, shape))} is {numel:.3g} "
+                              "elements, more than a tensor can hold; give a smaller --batch or --input-shape")
     return torch.empty((int(batch),) + shape, device=device, dtype=dtype)

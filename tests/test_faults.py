@@ -417,3 +417,42 @@ def test_utilization_with_a_bad_batch_from_the_library_is_one_line(batch):
             with pytest.raises(UtilizationError) as info:
                 flopcount.utilization(model, b, scope=scope, peak=1e9, steps=1, warmup=0)
             assert "\n" not in str(info.value) and "batch" in str(info.value)
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["utilization", "resnet18", "--batch", "0"], "argument --batch: must be a positive integer"),
+    (["count", "resnet18", "--num-classes", "0"], "argument --num-classes: must be a positive integer"),
+    (["utilization", "resnet18", "--peak", "0"], "argument --peak: must be a positive number"),
+    (["utilization", "resnet18", "--peak", "nan"], "argument --peak: must be a positive number"),
+    (["utilization", "resnet18", "--peak", "inf"], "argument --peak: must be a positive number"),
+    (["overhead", "resnet18", "--threshold", "2"], "argument --threshold: must be a number between 0 and 1"),
+    (["overhead", "resnet18", "--batches", "1,0,4"], "bad batch ladder"),
+    (["study", "--images", "0"], "argument --images: must be a positive integer"),
+    (["count", "resnet18", "--input-shape", "3,-4,4"], "bad input shape '3,-4,4'"),
+    (["count", "resnet18", "--input-shape", "3,99999999999,99999999999"], "more than a tensor can hold"),
+])
+def test_every_number_is_checked_where_it_enters(capsys, argv, fragment):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == ""
+    one_error_line(err, fragment)
+
+
+def test_compare_plot_says_where_it_wrote_and_an_unwritable_one_is_one_line(tmp_path, capsys, monkeypatch,
+                                                                           mlp_file):
+    spec = mlp_file()
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, "compare", spec, "--input-shape", "10", "--batch", "2", "--estimators", "dispatch",
+                         "--plot", "models")
+    assert code == 0 and err == [f"wrote {tmp_path / 'models'}"]  # a relative path is named in full
+    (tmp_path / "file.txt").write_text("")
+    code, out, err = run(capsys, "compare", spec, "--input-shape", "10", "--batch", "2", "--estimators", "dispatch",
+                         "--plot", str(tmp_path / "file.txt" / "models.png"))
+    assert code == 2 and "dispatch" in out  # the table first
+    one_error_line(err, "cannot write the figure")
+
+
+def test_an_unknown_study_device_is_one_line_before_anything_is_written(tmp_path, capsys):
+    code, out, err = run(capsys, "study", "--device", "tpu", "--models", "alexnet", "--out", str(tmp_path / "s"))
+    assert code == 2
+    one_error_line(err, "unknown device 'tpu'; use cpu, cuda or cuda:N")
+    assert not (tmp_path / "s").exists()
