@@ -104,9 +104,8 @@ def run_study(config: StudyConfig, out: str, *, backend=None, resume: bool = Tru
         os.makedirs(out, exist_ok=True)
     except OSError as exc:
         raise StudyError(f"cannot create output folder {out!r}: {exc.strerror}") from None
-    refuse_links(out)
     with folder_lock(out, wait=wait, log=log):
-        refuse_links(out)  # again: the study that held the folder may have left something else there
+        refuse_links(out)  # under the lock: what a study before this one left there is settled
         return _run_locked(config, out, backend, resume, progress, figures, log)
 
 
@@ -116,10 +115,9 @@ def _run_locked(config, out, backend, resume, progress, figures, log) -> StudyRe
     device = backend.device_name()
     results = ResultsFile(os.path.join(out, RESULTS), COLUMNS, KEY, resume=resume)
     ratios = ResultsFile(os.path.join(out, RATIOS), RATIO_COLUMNS, RATIO_KEY, resume)
-    for f in (results, ratios):
+    for f, then in ((results, "their cells run again"), (ratios, "they are written again with their dispatch count")):
         if f.dropped:
-            log(f"note: {f.dropped} incomplete row(s) of {f.path} (a write cut short, or an edit) left out; "
-                "their cells run again")
+            log(f"note: {f.dropped} incomplete row(s) of {f.path} (a write cut short, or an edit) left out; {then}")
     meta = load_meta(out) if resume else {}
     known = meta.get("estimators")
     estimators = list(config.estimators) if config.estimators is not None else (known or backend.estimators())
