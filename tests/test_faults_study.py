@@ -36,7 +36,7 @@ def study_rows(out):
     return {(m, int(b), meth): s for m, b, meth, s in zip(f["model"], f["batch_size"], f["method"], f["status"])}
 
 
-def _study_in_child(argv, queue):
+def _study_in_child(argv, queue, start):
     import io
     import sys
     import time
@@ -47,20 +47,22 @@ def _study_in_child(argv, queue):
 
     class Slow(FakeBackend):
         def _call(self, *key):
-            time.sleep(0.02)  # long enough for the two studies to overlap
+            time.sleep(0.05)  # the first holds the folder for most of a second: the second meets it
             super()._call(*key)
 
     grid.TorchBackend = lambda config: Slow()
     sys.stdout, sys.stderr = io.StringIO(), io.StringIO()
+    start.wait(timeout=120)  # both imported: the two studies start together
     queue.put((main(argv), sys.stderr.getvalue()))
 
 
 def test_two_studies_on_one_folder_keep_both_grids(tmp_path):
     import multiprocessing
 
-    ctx = multiprocessing.get_context("fork")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_study_in_child, args=(STUDY + ["--models", m, "--out", str(tmp_path)], queue))
+    ctx = multiprocessing.get_context("spawn")  # a fork of a process that ran torch's thread pools can hang
+    queue, start = ctx.Queue(), ctx.Barrier(2)
+    procs = [ctx.Process(target=_study_in_child,
+                         args=(STUDY + ["--models", m, "--out", str(tmp_path)], queue, start))
              for m in ("m1", "m2")]
     for p in procs:
         p.start()
@@ -69,6 +71,7 @@ def test_two_studies_on_one_folder_keep_both_grids(tmp_path):
         p.join(timeout=30)
     assert [code for code, _ in results] == [0, 0], results
     assert all("Traceback" not in err for _, err in results)
+    assert sum("waiting for it to finish" in err for _, err in results) == 1  # they met: one waited
     rows = study_rows(tmp_path)
     assert len(rows) == 22 and set(rows.values()) == {"ok"}  # 11 rows a grid, none lost
     assert {m for m, _, _ in rows} == {"m1", "m2"}
