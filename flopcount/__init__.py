@@ -29,13 +29,40 @@ def count(model, inputs, *, estimator: str = "dispatch", backward: bool = True, 
     that has to run the model (the peers) runs it on its own device instead; any other ``device`` is a demand.
     An option the estimator cannot honour (a device it does not run on, a ``loss_fn`` it never runs, an
     optimizer it cannot see), or an unknown option, raises ``EstimatorError``: nothing is silently ignored.
+
+    The model is counted in the mode it is in: one in eval mode (``model.eval()``) is counted as inference would
+    run it (batch norm on its running statistics, dropout off), and the report's notes say so.
     """
     from .estimators.base import make_request, run
 
     est = get_estimator(estimator)
     request = make_request(model, inputs, backward=backward, loss_fn=loss_fn, device=device, optimizer=optimizer,
                            model_name=model_name, **options)
-    return run(est, request)
+    report = run(est, request)
+    note = eval_mode_note(model)
+    if note and note not in report.notes:
+        report.notes.append(note)
+    return report
+
+
+def eval_mode_note(model) -> Optional[str]:
+    """What a count must say about a model with modules in eval mode, or None when every module trains."""
+    from .step import unwrap
+
+    inner = unwrap(model)
+    if not hasattr(inner, "named_modules"):
+        return None
+    modules = list(inner.named_modules())
+    off = [name for name, m in modules if not m.training]
+    if not off:
+        return None
+    if len(off) == len(modules):
+        what = "the model is in eval mode"
+    else:
+        shown = ", ".join(n or "(the model)" for n in off[:3]) + (f" and {len(off) - 3} more" if len(off) > 3 else "")
+        what = f"{len(off)} module(s) in eval mode ({shown})"
+    return (f"{what}: counted as given, so batch norm, dropout and other layers that differ in training are counted "
+            "as inference runs them; model.train() (or `flopcount count --train`) counts a training step")
 
 
 def register_formula(*ops: str, family: str = "custom"):

@@ -104,14 +104,15 @@ def _load_table() -> Dict[str, DeviceSpec]:
     return _TABLE
 
 
-def get_device(name: str) -> DeviceSpec:
+def get_device(name: str, way_out: str = _WAY_OUT) -> DeviceSpec:
     """The spec of a device, by its table name, an alias, or the name CUDA reports (``torch.cuda.get_device_name``).
 
     ``"cpu"`` measures this machine's CPU (see ``cpu_spec``). A name that matches no device, or the start of
-    several (``"A100"``), is an error that lists the candidates and the way out; there is no fallback.
+    several (``"A100"``), is an error that lists the candidates and ``way_out`` (what the caller can give
+    instead); there is no fallback.
     """
     if not isinstance(name, str) or not name.strip():
-        raise UnknownDevice(f"empty device name; {_WAY_OUT}")
+        raise UnknownDevice(f"empty device name; {way_out}")
     if name.strip().lower() == "cpu":
         return cpu_spec()
     table = _load_table()
@@ -124,10 +125,10 @@ def get_device(name: str) -> DeviceSpec:
     if len(starts) == 1:
         return table[starts[0]]
     if starts:
-        raise UnknownDevice(f"device {name!r} is ambiguous: {', '.join(starts)}; {_WAY_OUT}")
+        raise UnknownDevice(f"device {name!r} is ambiguous: {', '.join(starts)}; {way_out}")
     close = difflib.get_close_matches(name, list(table), n=3, cutoff=0.5)
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
-    raise UnknownDevice(f"unknown device {name!r}{hint}; {_WAY_OUT}")
+    raise UnknownDevice(f"unknown device {name!r}{hint}; {way_out}")
 
 
 def list_devices():

@@ -49,6 +49,11 @@ class UnknownPeak(FlopcountError):
     """The device has no figure for this precision."""
 
 
+class OutputError(FlopcountError):
+    """A result could not be written (permissions, a full disk, a symbolic link where a file of ours goes); what
+    was written before is kept."""
+
+
 def one_line(exc: BaseException, limit: int = 300) -> str:
     """``Type: first line of the message`` (the type alone where there is no message), at most ``limit`` chars.
 
@@ -59,6 +64,14 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
     else:
         line = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     return line[:limit]
+
+
+def reason(exc: BaseException, limit: int = 120) -> str:
+    """Why something failed, for a note: ``Type: first line``, or ``Type (no message)`` where the error says
+    nothing, so that a note never ends in an empty reason."""
+    text = (str(exc).strip().splitlines() or [""])[0].strip()
+    text = text if len(text) <= limit else text[:limit] + "..."
+    return f"{type(exc).__name__}: {text}" if text else f"{type(exc).__name__} (no message)"
 
 
 @contextmanager

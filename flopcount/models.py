@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import math
 import os
 import re
 import sys
@@ -49,8 +50,10 @@ def _torchvision_builder(name: str):
         return None
 
 
-def load_model(spec: str, *, num_classes: Optional[int] = None, device: str = "cpu") -> Tuple[torch.nn.Module, str]:
-    """Build the model a spec names, in training mode; returns (model, display name).
+def load_model(spec: str, *, num_classes: Optional[int] = None, device: str = "cpu",
+               train: bool = True) -> Tuple[torch.nn.Module, str]:
+    """Build the model a spec names, in training mode (``train=False``: in the mode its factory gave it);
+    returns (model, display name).
 
     ``device="meta"`` builds it without allocating its weights, so any size can be counted. Nothing is downloaded:
     torchvision models are built with ``weights=None`` (and ``weights_backbone=None``), transformers models from
@@ -78,8 +81,8 @@ def load_model(spec: str, *, num_classes: Optional[int] = None, device: str = "c
     if device != "meta" and ":" in spec and not spec.startswith(models_hf.PREFIX):
         model = model.to(device)
     if device == "meta":
-        _REBUILD[model] = lambda: load_model(spec, num_classes=num_classes, device="cpu")[0]
-    return model.train(), name
+        _REBUILD[model] = lambda: load_model(spec, num_classes=num_classes, device="cpu", train=train)[0]
+    return (model.train() if train else model), name
 
 
 def _build_on(device: str, spec: str, num_classes: Optional[int]):
@@ -133,7 +136,7 @@ def _build_other(spec: str, num_classes: Optional[int]):
 
 
 def build(spec: str, *, batch: int = 1, input_shape=None, num_classes: Optional[int] = None, device: str = "meta",
-          dtype=None, random: bool = False, seq_len: Optional[int] = None):
+          dtype=None, random: bool = False, seq_len: Optional[int] = None, train: bool = True):
     """(model, a batch of its example input, display name) from a model spec: the one entry point every command
     takes a MODEL through. ``dtype`` converts both; ``seq_len`` asks for token ids (see ``example_inputs``).
     On a real device the input always has seeded random values (``random`` is kept for callers that say so);
@@ -142,7 +145,7 @@ def build(spec: str, *, batch: int = 1, input_shape=None, num_classes: Optional[
     from .step import random_on
 
     dtype = parse_dtype(dtype)
-    model, name = load_model(spec, num_classes=num_classes, device=device)
+    model, name = load_model(spec, num_classes=num_classes, device=device, train=train)
     if dtype is not None:
         model = model.to(dtype)
     from .timing import oom_as_error
@@ -242,7 +245,11 @@ def example_inputs(model: torch.nn.Module, name: str = "", *, batch: int = 1, in
         special = models_vision.example_batch(name, model, batch, shape, device, dtype)
         if special is not None:
             return special
-    return torch.empty((batch,) + shape, device=device, dtype=dtype)
+    numel = math.prod((int(batch),) + shape)
+    if numel >= 1 << 62:  # torch would fail to size its storage, with a message that names no option
+        raise InputShapeError(f"batch {int(batch)} x input shape {','.join(map(str, shape))} is {numel:.3g} "
+                              "elements, more than a tensor can hold; give a smaller --batch or --input-shape")
+    return torch.empty((int(batch),) + shape, device=device, dtype=dtype)
 
 
 class _Found(Exception):

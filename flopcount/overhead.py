@@ -16,6 +16,9 @@ from .errors import FlopcountError, is_oom
 
 
 OVERHEAD_BOUND, SCALES, OOM = "overhead-bound", "scales with batch", "out of memory"
+NOT_ENOUGH = "not enough rungs"
+# A verdict rests on a trend, not on one comparison: the measured rungs must span two doublings of the batch (x4).
+MIN_DOUBLINGS = 2
 
 OVERHEAD_CAVEAT = (
     "a time that stays flat as the batch grows can also mean the device is not yet full (a small-batch matmul "
@@ -53,9 +56,30 @@ class OverheadResult:
     threads: Optional[int] = None
 
     @property
+    def measured(self) -> List[int]:
+        """The batches that were timed (not those that ran out of memory)."""
+        return [int(b) for b, s in zip(self.frame["batch"], self.frame["seconds"]) if s == s]
+
+    @property
+    def not_enough(self) -> Optional[str]:
+        """Why there is no verdict (the measured rungs span less than two doublings), or None."""
+        sizes = self.measured
+        span = math.log2(sizes[-1] / sizes[0]) if sizes else 0.0
+        if span >= MIN_DOUBLINGS - 1e-9:
+            return None
+        oom = [int(b) for b, v in zip(self.frame["batch"], self.frame["verdict"]) if v == OOM]
+        why = f"batch {oom[0]} ran out of memory, so " if oom else ""
+        got = (f"the measured rungs {sizes[0]} to {sizes[-1]} span {span:.3g} doubling(s)" if len(sizes) > 1 else
+               f"only batch {sizes[0]} was measured" if sizes else "no batch was measured")
+        fix = f"add rungs below batch {oom[0]} (like 1,2,4)" if oom else "give a longer ladder (like 1,2,4)"
+        return f"{NOT_ENOUGH}: {why}{got}; a verdict needs measured rungs {MIN_DOUBLINGS} doublings apart: {fix}"
+
+    @property
     def overhead_bound_up_to(self) -> Optional[int]:
         """The largest batch reached by an unbroken run of overhead-bound doublings from the ladder's start
-        (None where the first doubling already scales)."""
+        (None where the first doubling already scales, or where too few rungs were measured for a verdict)."""
+        if self.not_enough:
+            return None
         last = None
         for batch, verdict in zip(self.frame["batch"], self.frame["verdict"]):
             if verdict == OVERHEAD_BOUND:
@@ -66,6 +90,8 @@ class OverheadResult:
 
     @property
     def verdict(self) -> str:
+        if self.not_enough:
+            return self.not_enough
         upto = self.overhead_bound_up_to
         pct = f"{self.threshold:.0%}"
         if upto is None:

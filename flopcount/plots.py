@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from .errors import FlopcountError
+from .errors import FlopcountError, OutputError
 
 
 def _pyplot():
@@ -21,7 +21,7 @@ def _pyplot():
 def _save(fig, path: str, plt, dpi: int = 100) -> str:
     """Render the figure, then write it with ``report.atomic_write``: never through a symlink planted at ``path``
     (savefig would follow it and overwrite whatever it points to), never half a file; a path that cannot be
-    written is one ``FlopcountError`` line."""
+    written is one ``OutputError`` line."""
     import io
 
     from .report import atomic_write
@@ -36,7 +36,7 @@ def _save(fig, path: str, plt, dpi: int = 100) -> str:
     try:
         atomic_write(path, buf.getvalue())
     except OSError as exc:
-        raise FlopcountError(f"cannot write the figure {path}: {exc.strerror or exc}") from None
+        raise OutputError(f"cannot write the figure {path}: {exc.strerror or exc}") from None
     return path
 
 

@@ -24,7 +24,8 @@ from typing import List, Optional, Sequence, Union
 
 import pandas as pd
 
-from .devices import MATRIX_FAMILIES, DeviceSpec, UnknownPeak, effective_peak, op_precision, precision_mix
+from .devices import (MATRIX_FAMILIES, PRECISIONS, DeviceSpec, UnknownPeak, effective_peak, op_precision,
+                      precision_mix)
 from .errors import FlopcountError
 from .report import FlopReport, UNCOUNTED
 
@@ -49,11 +50,19 @@ def _bandwidth(spec: DeviceSpec) -> float:
     return float(spec.bandwidth)
 
 
+# A roofline is drawn from a device's table row: a peak given as a number has no bandwidth to go with it, so the
+# way out is another dtype or another device, never a --peak (which the roofline does not take).
+_WAY_OUT = "give a device from `flopcount peaks` with --device-spec NAME"
+
+
 def _peak(spec: DeviceSpec, precision: str) -> float:
     try:
         return spec.peak(precision)
-    except UnknownPeak as exc:
-        raise RooflineError(str(exc)) from None
+    except UnknownPeak:
+        have = ", ".join(p for p in PRECISIONS if p in spec.peaks) or "none"
+        fix = "leave out --tf32 (tf32=False)" if precision == "tf32" else "count in a dtype it has (--dtype)"
+        raise RooflineError(f"{spec.name} has no {precision} peak in the table (it has: {have}): {fix}, or choose "
+                            "a device that has one (--device-spec NAME)") from None
 
 
 def ridge_point(spec: DeviceSpec, precision: str = "fp32") -> float:
@@ -245,7 +254,7 @@ def from_spec(spec: str, device_spec, *, batch: int = 1, dtype="float32", tf32: 
     from .estimators.dispatch import count_step
     from .models import build
 
-    spec_ = device_spec if isinstance(device_spec, DeviceSpec) else get_device(device_spec)
+    spec_ = device_spec if isinstance(device_spec, DeviceSpec) else get_device(device_spec, way_out=_WAY_OUT)
     if measured_seconds is not None and not measured_seconds > 0:
         raise RooflineError(f"a measured step time must be a positive number of seconds, not {measured_seconds}")
     model, inputs, name = build(spec, batch=batch, input_shape=input_shape, num_classes=num_classes, dtype=dtype)

@@ -8,6 +8,7 @@ floating-point outputs), the same default optimizer (SGD, lr 0.01), the same inp
 from __future__ import annotations
 
 import inspect
+import numbers
 from contextlib import contextmanager
 from typing import Callable, Iterator, List, Optional, Tuple
 
@@ -104,12 +105,12 @@ def make_inputs(model, batch, *, name: str = "", device, dtype=None, scope: str 
     sample only."""
     from .models import example_inputs
 
-    if isinstance(batch, bool) or batch is None:
+    if isinstance(batch, (bool, float, str)) or batch is None:
         raise UtilizationError(f"batch must be a tensor, a tuple/dict of tensors or a batch size, not {batch!r}")
-    if isinstance(batch, int):
+    if isinstance(batch, numbers.Integral):  # numpy's integers too
         if batch < 1:
             raise UtilizationError(f"batch size must be a positive integer, not {batch}")
-        n = 1 if scope == "one" else batch
+        n = 1 if scope == "one" else int(batch)
         template = example_inputs(unwrap(model), name, batch=n, input_shape=input_shape, device="meta",
                                   dtype=dtype or torch.float32, seq_len=seq_len)
         return random_on(template, device, dtype)

@@ -13,6 +13,7 @@ Where each factor comes from, and the mistakes each choice avoids:
 """
 from __future__ import annotations
 
+import numbers
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional
@@ -212,8 +213,11 @@ def _dtype_label(setup: _Setup) -> str:
 
 def _synthetic_loader(setup: _Setup, batch, batches: int = 4):
     """An in-memory loader of ``batches`` batches of random example inputs with class-0 targets."""
-    if not isinstance(batch, int) or isinstance(batch, bool):
+    if not isinstance(batch, numbers.Integral) or isinstance(batch, bool):
         raise UtilizationError("scope 'epoch' needs a loader=, or an int batch size to build a synthetic one")
+    if batch < 1:  # checked here: the synthetic set holds `batches` of them, and its size would be named instead
+        raise UtilizationError(f"batch size must be a positive integer, not {batch}")
+    batch = int(batch)
     x = steps_.make_inputs(setup.model, batch * batches, name=setup.model_name, device="cpu", dtype=setup.dtype,
                            input_shape=setup.input_shape, seq_len=setup.seq_len)
     if not isinstance(x, torch.Tensor):

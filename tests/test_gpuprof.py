@@ -299,19 +299,37 @@ def test_giant_string_memory_stays_proportional(small_profile, tmp_path):
     assert grown < 6 * big  # the string is held a few times at most, never 13-20x
 
 
+_WAL_WRITER = """
+import sqlite3, sys
+con = sqlite3.connect(sys.argv[1])
+con.execute("PRAGMA journal_mode=WAL")
+con.execute("PRAGMA wal_autocheckpoint=0")
+print(con.execute("SELECT count(*) FROM NVTX_EVENTS").fetchone()[0], flush=True)
+con.execute("INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid) SELECT start + 10000000, "
+            "end + 10000000, eventType, text, globalTid FROM NVTX_EVENTS")
+con.commit()
+print("committed", flush=True)
+sys.stdin.readline()
+con.close()
+"""
+
+
 def test_wal_beside_the_export_is_read(small_profile, tmp_path):
+    import subprocess
+
     path = str(tmp_path / "wal.sqlite")
     shutil.copy(small_profile, path)
-    con = sqlite3.connect(path)
-    con.execute("PRAGMA journal_mode=WAL")
-    con.execute("PRAGMA wal_autocheckpoint=0")
-    n = con.execute("SELECT count(*) FROM NVTX_EVENTS").fetchone()[0]
-    con.execute("INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid) SELECT start + 10000000, "
-                "end + 10000000, eventType, text, globalTid FROM NVTX_EVENTS")
-    con.commit()
-    assert os.path.getsize(path + "-wal") > 0
-    a = analyze(path)  # read while the writer still holds the WAL open
-    con.close()
+    # The writer is another process, as nsys is: two SQLite libraries in one process (Python's and the Arrow
+    # driver's) do not see each other's POSIX locks, and a reader there can find the WAL "locked" by its own process.
+    writer = subprocess.Popen([sys.executable, "-c", _WAL_WRITER, path], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        n = int(writer.stdout.readline())
+        assert writer.stdout.readline().strip() == "committed"
+        assert os.path.getsize(path + "-wal") > 0
+        a = analyze(path)  # read while the writer still holds the WAL open
+    finally:
+        writer.communicate("\n", timeout=60)
     assert a.ranges == 2 * n
 
 

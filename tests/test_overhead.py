@@ -27,10 +27,10 @@ def test_fixed_cost_plus_per_sample_cost():
 
 
 def test_threshold_is_an_option():
-    timer = lambda b: 1.0 + 0.2 * b          # 1->2 adds 0.2/1.2 = 16.7%
-    assert overhead_ladder(timer, [1, 2], threshold=0.10).overhead_bound_up_to is None
-    assert overhead_ladder(timer, [1, 2], threshold=0.20).overhead_bound_up_to == 2
-    assert "not overhead-bound" in overhead_ladder(timer, [1, 2]).verdict
+    timer = lambda b: 1.0 + 0.2 * b          # 1->2 adds 0.2/1.2 = 16.7%, 2->4 0.4/1.4 = 28.6%
+    assert overhead_ladder(timer, [1, 2, 4], threshold=0.10).overhead_bound_up_to is None
+    assert overhead_ladder(timer, [1, 2, 4], threshold=0.20).overhead_bound_up_to == 2
+    assert "not overhead-bound" in overhead_ladder(timer, [1, 2, 4]).verdict
 
 
 def test_compute_bound_model_and_non_doubling_ladder():

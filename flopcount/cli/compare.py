@@ -30,7 +30,7 @@ def run(args) -> int:
     for est, msg in table.attrs["errors"].items():
         warn(f"estimator {est} failed, the others are compared: {msg}")
     if table.attrs.get("skipped"):
-        print(f"flopcount: note: not compared, as they do not apply to this model: "
+        print("flopcount: note: not compared, as they do not apply to this model: "
               + "; ".join(f"{n} {why}" for n, why in table.attrs["skipped"].items()), file=sys.stderr)
     if args.format == "json":
         print_json(to_json(table))

@@ -25,13 +25,16 @@ def add(sub) -> None:
                         f"default {DEFAULT_DEPTH}; csv and json stay one flat row per module unless it is given)")
     add_top(p)
     p.add_argument("--no-backward", action="store_true", help="forward only")
+    p.add_argument("--train", action="store_true",
+                   help="count in training mode a model its factory gives in eval mode (default: as given, with a "
+                        "note)")
     p.add_argument("--check-scaling", action="store_true",
                    help="also count at batch 1 and list every op whose FLOPs are not exactly batch x batch-1")
     add_format(p)
 
 
 def run(args) -> int:
-    from .. import count, get_estimator
+    from .. import count, eval_mode_note, get_estimator
     from ..errors import FlopcountError, model_errors
     from ..models import build
     from ..scaling import check_scaling
@@ -44,7 +47,7 @@ def run(args) -> int:
     real = get_estimator(args.estimator).capabilities.real_weights
     model, inputs, name = build(args.model, batch=args.batch, input_shape=args.input_shape,
                                 num_classes=args.num_classes, seq_len=args.seq_len,
-                                device="cpu" if real else args.device, random=real)
+                                device="cpu" if real else args.device, random=real, train=args.train)
     options = {"as_device": args.as_device} if args.as_device != "cpu" else {}
     with model_errors(name, inputs):
         report = count(model, inputs, estimator=args.estimator, backward=not args.no_backward, device=args.device,
@@ -55,6 +58,9 @@ def run(args) -> int:
                                        estimator=args.estimator, backward=not args.no_backward, seq_len=args.seq_len,
                                        device=args.device, **options)
     report.model = name
+    note = eval_mode_note(model)
+    if note and args.format == "csv":  # the table and the JSON document carry it in their notes
+        warn(note)
     if report.uncounted:
         warn("ops without a formula (their FLOPs are NOT in the totals): "
              + ", ".join(f"{op} x{n}" for op, n in report.uncounted.items()))

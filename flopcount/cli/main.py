@@ -92,6 +92,13 @@ def natural_float(text: str) -> float:
     return value
 
 
+def fraction(text: str) -> float:
+    value = _number(text, float)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be a number between 0 and 1, not {text!r}")
+    return value
+
+
 def _number(text: str, cast):
     try:
         return cast(text)

@@ -46,7 +46,6 @@ def run(args) -> int:
 
 def _print(args, a, kind: str) -> int:
     ops = a.ops.set_index(["op", "phase"])
-    time_label = "CPU time" if a.time_source == "cpu" else "GPU time"
     if args.format == "json":
         doc = a.report.to_dict() if a.report is not None else {"flops": None}
         doc.update({"profile": args.profile, "has_shapes": a.has_shapes, "kernels": a.kernels,

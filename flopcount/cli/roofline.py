@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 
 from ..dtypes import CHOICES as DTYPES
-from .main import (EXIT_OK, add_format, add_model, add_top, natural_float, natural_int, positive_float, positive_int,
-                   print_frame, print_json, records, warn)
+from .main import (EXIT_OK, add_format, add_model, add_top, fraction, natural_float, natural_int, positive_float,
+                   positive_int, print_frame, print_json, records, warn)
 
 
 def add(sub) -> None:
@@ -26,7 +26,7 @@ def add(sub) -> None:
     add_model(p, batch=False)
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--batches", default="1,2,4,8,16", help="the batch ladder, increasing (doublings: 1,2,4,...)")
-    p.add_argument("--threshold", type=float, default=0.10,
+    p.add_argument("--threshold", type=fraction, default=0.10,
                    help="overhead-bound where doubling the batch adds less than this fraction of the step time")
     p.add_argument("--steps", type=positive_int, default=5, help="timed steps per batch, at least")
     p.add_argument("--min-seconds", type=natural_float, default=0.5,

@@ -29,6 +29,8 @@ def add(sub) -> None:
     p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                    help="skip rows already in OUT/results.csv (default: on)")
     p.add_argument("--retry-errors", action="store_true", help="rerun rows recorded as errors")
+    p.add_argument("--no-wait", action="store_true",
+                   help="stop at once if another study is writing to OUT (default: wait for it to finish)")
     p.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_format(p)
@@ -39,7 +41,7 @@ def run(args) -> int:
 
     config = study_config(args)
     res = run_study(config, args.out, resume=args.resume, progress=not args.no_progress,
-                    figures=not args.no_figures, log=warn)
+                    figures=not args.no_figures, log=warn, wait=not args.no_wait)
     frame = res.results
     if args.format == "json":
         print_json({"out": res.out, "report": res.report_path, "ran": res.ran, "skipped": res.skipped,

@@ -29,6 +29,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import formulas
+from ..errors import reason
 from ..step import (batch_size_of, call_model, default_loss, meta_like, module_stack, preserved, random_on,
                     rebuild_optimizer)
 from ..report import COUNTED, UNCOUNTED, ZERO, FlopReport
@@ -203,7 +204,7 @@ class _Counter(TorchDispatchMode):
                 self.errors[info.name] = "needs tensor values"
                 res, status = 0, UNCOUNTED
             except Exception as exc:  # a formula that cannot read these arguments must not pass as zero
-                self.errors[info.name] = f"{type(exc).__name__}: {exc}"
+                self.errors[info.name] = reason(exc)
                 res, status = 0, UNCOUNTED
             if isinstance(res, tuple):
                 flops = int(res[0])

@@ -26,6 +26,7 @@ from typing import Optional, Tuple
 import torch
 
 from .. import formulas
+from ..errors import reason
 
 
 @dataclass(frozen=True)
@@ -309,6 +310,8 @@ def derive(op: str, sizes, ctx: Context = Context(), values=None, types=None):
     fn = formulas.lookup(op.replace("::", ".", 1))
     if fn is None:
         return None, "no formula"
+    if _has_negative(sizes):  # a corrupt marker: a count from it would be wrong even where its sign comes out right
+        return None, f"a negative size in {_short(sizes)}"
     fitted = None
     for with_out in (False, True):
         fitted = _best_fit(op, sizes, with_out) if values is None else next(
@@ -329,14 +332,25 @@ def derive(op: str, sizes, ctx: Context = Context(), values=None, types=None):
     try:
         out_shape = _infer(op, bound, ctx, frozenset(known))
     except CannotDerive as exc:
-        return None, str(exc)
+        return None, str(exc) or "output size cannot be inferred from these sizes"
     positional = [bound[name] for name, _, _, _ in fitted if not _kwarg_only(op, name)]
     kwargs = {name: bound[name] for name, _, _, _ in fitted if _kwarg_only(op, name)}
     try:
         res = fn(*positional, out_shape=out_shape, **kwargs)
     except Exception as exc:
-        return None, f"formula failed on these sizes ({type(exc).__name__}: {_short(str(exc))})"
-    return int(res[0] if isinstance(res, tuple) else res), ""
+        return None, f"formula failed on these sizes ({reason(exc)})"
+    flops = int(res[0] if isinstance(res, tuple) else res)
+    if flops < 0:
+        return None, f"the formula gave {flops} FLOPs on sizes {_short(sizes)}"
+    return flops, ""
+
+
+def _has_negative(x, depth: int = 0) -> bool:
+    if isinstance(x, bool):
+        return False
+    if isinstance(x, int):
+        return x < 0
+    return depth < 4 and isinstance(x, (list, tuple)) and any(_has_negative(y, depth + 1) for y in x)
 
 
 def _short(x, limit: int = 120) -> str:

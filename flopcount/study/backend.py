@@ -20,9 +20,10 @@ class TorchBackend:
         import torch
 
         self.config = config
+        from ..step import resolve_device
+
         self.device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        if self.device.startswith("cuda") and not torch.cuda.is_available():
-            raise StudyError(f"device {self.device!r} asked for, but torch sees no CUDA device")
+        resolve_device(self.device)  # an unknown device, or no CUDA, is one line before any model is built
         self._real: Tuple[Optional[str], object] = (None, None)
         self._peer: Tuple[Optional[str], object] = (None, None)  # a CPU copy for the peers on a GPU study
         self._profiles: Dict[Tuple[str, int], str] = {}  # (model, batch) -> SQLite export of an nsys capture

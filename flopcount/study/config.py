@@ -1,6 +1,7 @@
 """What a study runs: the grid (models x batch sizes x methods), the data, the device and its peak."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Optional, Sequence, Tuple
 
@@ -53,6 +54,17 @@ class StudyConfig:
             raise StudyError(f"images must be a positive integer, not {self.images}")
         if self.steps < 1 or self.warmup < 0:
             raise StudyError("steps must be >= 1 and warmup >= 0")
+        if int(self.num_classes) < 1 or int(self.workers) < 0:
+            raise StudyError(f"num_classes must be >= 1 and workers >= 0, not {self.num_classes} and {self.workers}")
+        if self.peak is not None:
+            # checked here, not only by the CLI's type: 0 must not fall through to the device's own peak, and a
+            # negative one would make every utilization negative
+            try:
+                peak = float(self.peak)
+            except (TypeError, ValueError):
+                peak = math.nan
+            if not (math.isfinite(peak) and peak > 0):
+                raise StudyError(f"peak must be a positive number of FLOP/s (like 9.3e12), not {self.peak!r}")
         epoch = None if self.epoch_batch_sizes is None else tuple(int(b) for b in self.epoch_batch_sizes)
         if epoch is not None and not set(epoch) <= set(sizes):
             epoch = tuple(b for b in epoch if b in sizes) or (max(sizes),)  # follow a --batch-sizes override

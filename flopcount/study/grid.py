@@ -19,6 +19,7 @@ tests drive this logic with fakes.
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 from dataclasses import asdict, dataclass, field
@@ -27,12 +28,12 @@ from typing import Callable, Dict, List, Sequence, Tuple
 from .. import devices
 from ..errors import FlopcountError, is_oom, one_line
 from ..ratios import ratio_rows
-from ..report import atomic_write
 from .backend import TorchBackend, _free
 from .config import NVTX_METHODS, StudyConfig, StudyError
 from .data import make_dataset
 from .store import (COLUMNS, COUNT, ERROR, FIGURES, KEY, OK, OOM, RATIO_COLUMNS, RATIO_KEY, RATIOS, REPORT, RESULTS,
-                    TIME, ResultsFile, StudyResult, _jsonable, load_meta, save_meta)
+                    STATUSES, TIME, ResultsFile, StudyResult, _jsonable, folder_lock, load_meta, refuse_links,
+                    save_meta, write)
 
 
 @dataclass
@@ -88,10 +89,11 @@ class _Run:
 
 
 def run_study(config: StudyConfig, out: str, *, backend=None, resume: bool = True, progress: bool = True,
-              figures: bool = True, log: Callable[[str], None] = None) -> StudyResult:
-    """Run (or finish) the grid into folder ``out``; write figures and REPORT.md; return what is there."""
-    from .report import PUBLISHED, render_report, write_figures
+              figures: bool = True, log: Callable[[str], None] = None, wait: bool = True) -> StudyResult:
+    """Run (or finish) the grid into folder ``out``; write figures and REPORT.md; return what is there.
 
+    One study at a time writes a folder: another one already on ``out`` is waited for (``wait``), or is one
+    ``StudyError`` line."""
     config = config.validate()
     log = log or (lambda msg: print(msg, file=sys.stderr))
     backend = backend or TorchBackend(config)
@@ -102,10 +104,20 @@ def run_study(config: StudyConfig, out: str, *, backend=None, resume: bool = Tru
         os.makedirs(out, exist_ok=True)
     except OSError as exc:
         raise StudyError(f"cannot create output folder {out!r}: {exc.strerror}") from None
-    device = backend.device_name()
+    with folder_lock(out, wait=wait, log=log):
+        refuse_links(out)  # under the lock: what a study before this one left there is settled
+        return _run_locked(config, out, backend, resume, progress, figures, log)
 
+
+def _run_locked(config, out, backend, resume, progress, figures, log) -> StudyResult:
+    from .report import PUBLISHED, render_report, write_figures
+
+    device = backend.device_name()
     results = ResultsFile(os.path.join(out, RESULTS), COLUMNS, KEY, resume=resume)
     ratios = ResultsFile(os.path.join(out, RATIOS), RATIO_COLUMNS, RATIO_KEY, resume)
+    for f, then in ((results, "their cells run again"), (ratios, "they are written again with their dispatch count")):
+        if f.dropped:
+            log(f"note: {f.dropped} incomplete row(s) of {f.path} (a write cut short, or an edit) left out; {then}")
     meta = load_meta(out) if resume else {}
     known = meta.get("estimators")
     estimators = list(config.estimators) if config.estimators is not None else (known or backend.estimators())
@@ -125,7 +137,8 @@ def run_study(config: StudyConfig, out: str, *, backend=None, resume: bool = Tru
 
     def done(t: Task) -> bool:
         r = results.get(**t.key)
-        return r is not None and (r["status"] != ERROR or not config.retry_errors)
+        # a status that is none of ours (empty, or cut short) is not a finished cell
+        return r is not None and r["status"] in STATUSES and (r["status"] != ERROR or not config.retry_errors)
 
     todo = [t for t in tasks if not done(t)]
     if any(t.kind == TIME for t in todo):
@@ -161,7 +174,7 @@ def run_study(config: StudyConfig, out: str, *, backend=None, resume: bool = Tru
                                     redraw=ran > 0 or "roofline" not in meta)
     save_meta(out, res.meta)
     res.report_path = os.path.join(out, REPORT)
-    atomic_write(res.report_path, render_report(res))
+    write(res.report_path, render_report(res))
     return res
 
 
@@ -248,6 +261,8 @@ def _step_peak(run: _Run, model: str, batch: int, refresh: bool = False) -> Tupl
     if key not in run.peaks or refresh:
         mix, note = _mix(run, model, batch)
         value, source = run.backend.peak(mix, refresh=refresh)
+        if not (math.isfinite(float(value)) and float(value) > 0):  # a utilization against it would be wrong
+            raise StudyError(f"the peak for this step is {value!r} FLOP/s ({source}); it must be a positive number")
         run.peaks[key] = (float(value), note)
         run.meta.setdefault("peaks", {})[f"{model} b={batch}"] = {
             "peak_flops": float(value), "source": source, "precision_mix": mix}

@@ -10,7 +10,7 @@ from typing import Callable, Dict, List
 
 import pandas as pd
 
-from ..errors import one_line
+from ..errors import OutputError, one_line
 from .config import TIME_METHODS, StudyError
 from .store import COUNT, FIGURES, KEY, META, OK, RATIOS, RESULTS, TIME, StudyResult
 
@@ -35,7 +35,10 @@ def write_figures(res: StudyResult, folder: str, backend=None, log: Callable[[st
     """The study's figures as PNGs in ``folder``; a figure that cannot be drawn is skipped with a note."""
     from .. import plots
 
-    os.makedirs(folder, exist_ok=True)
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"cannot create {folder}: {exc.strerror or one_line(exc)}") from None
     made = {}
     jobs = {
         "estimates": lambda p: plots.plot_study_estimates(res.results, p),
@@ -52,6 +55,8 @@ def write_figures(res: StudyResult, folder: str, backend=None, log: Callable[[st
         try:
             made[name] = job(path)
             res.meta.get("figure_notes", {}).pop(name, None)
+        except OutputError:
+            raise  # the folder cannot be written: the next figure could not be either, nor the report
         except Exception as exc:
             log(f"note: figure {name} not drawn: {one_line(exc)}")
             res.meta.setdefault("figure_notes", {})[name] = one_line(exc)
