@@ -1,6 +1,22 @@
-"""Shared by the formula tests: read one op's FLOPs or calls out of a report, and a module that calls one op."""
+"""Shared by the tests: read one op's FLOPs or calls out of a report, a module that calls one op, and a
+benchmark script run in a subprocess."""
+import os
+import subprocess
+import sys
+
 import torch
 from torch import nn
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_benchmark(script, *args):
+    """stdout of ``benchmarks/<script> args`` (which must exit 0), with this checkout first on the path."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), *args], capture_output=True,
+                         text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
 
 
 def op_flops(report, op, phase, module=None):

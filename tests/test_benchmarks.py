@@ -1,20 +1,7 @@
 """Every benchmark runs at a tiny size and prints its ratio (no time is asserted: speed lives in benchmarks/)."""
-import os
 import re
-import subprocess
-import sys
 
-import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def run_benchmark(script, *args):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), *args], capture_output=True,
-                         text=True, env=env, timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return out.stdout
+from helpers import run_benchmark
 
 
 def test_count_speed_prints_the_ratio_against_flop_counter_mode():

@@ -1,22 +1,11 @@
 """The model benchmarks run at a tiny size and print their figures (no time is asserted: speed lives in
 benchmarks/)."""
 import csv
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def run(script, *args):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), *args], capture_output=True,
-                         text=True, env=env, timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return out.stdout
+from helpers import run_benchmark as run
 
 
 def test_lm_count_speed_prints_the_ratio_with_its_spread():
