@@ -31,7 +31,7 @@ from urllib.parse import quote
 import numpy as np
 import pandas as pd
 
-from . import files, markers
+from . import arrowsplit, files, markers
 from .files import ProfileError
 
 REQUIRED_TABLES = ("StringIds", "NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME",
@@ -41,6 +41,7 @@ _PUSH_POP, _START_END = 59, 60
 _OLDEST_SCHEMA_MAJOR = 3  # the export schema whose column names this reader uses
 MAX_TEXT = 1 << 20  # longer marker texts are skipped: no op's marker comes near it
 _BATCH_ROWS = 1 << 18
+_BUSY_MS = 5000
 EXTRA = "profiles"
 __all__ = ["Profile", "ProfileError", "load", "check_schema"]
 
@@ -179,7 +180,7 @@ def as_int64(col):
     if pa.types.is_integer(t):
         return col.cast(pa.int64())
     if pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t):
-        col = markers._valid_utf8(col.cast(pa.binary()).cast(pa.string(), safe=False)) if pa.types.is_binary(t) else col
+        col = arrowsplit.valid_utf8(col.cast(pa.binary()).cast(pa.string(), safe=False)) if pa.types.is_binary(t) else col
         ok = pc.match_substring_regex(col, r"^-?[0-9]{1,18}$")
         return pc.cast(pc.if_else(ok, col, pa.scalar(None, pa.string())), pa.int64())
     return pa.nulls(len(col), pa.int64())  # NULL, or reals: no time or id is a fraction
@@ -191,7 +192,7 @@ def as_text(col):
         return col.cast(pa.string())
     if pa.types.is_null(col.type):
         return pa.nulls(len(col), pa.string())
-    return markers._valid_utf8(col.cast(pa.binary()).cast(pa.string(), safe=False))
+    return arrowsplit.valid_utf8(col.cast(pa.binary()).cast(pa.string(), safe=False))
 
 
 def _batches(uri: str, sql: str, path: str):
@@ -207,6 +208,12 @@ def _batches(uri: str, sql: str, path: str):
             cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(_BATCH_ROWS)})
         except Exception:
             pass  # an older driver: its default batch size
+        try:
+            # the readers open the file at once; on a WAL file one of them may find it briefly locked
+            cur.execute(f"PRAGMA busy_timeout = {_BUSY_MS}")
+            cur.fetchall()
+        except Exception:
+            pass
         try:
             cur.execute(sql)
             reader = cur.fetch_record_batch()
@@ -227,133 +234,223 @@ def _count(skipped: dict, reason: str, n: int) -> None:
         skipped[reason] = skipped.get(reason, 0) + int(n)
 
 
-def _read_ranges(uri, path, con, push, skipped):
+def _ints(col):
+    """An Arrow column -> (int64 numpy, -1 where not an integer; validity mask, None where all are valid)."""
+    col = as_int64(col)
+    if not col.null_count:
+        return col.to_numpy(zero_copy_only=False), None
+    _, pc, _ = arrow()
+    ok = pc.is_valid(col).to_numpy(zero_copy_only=False)
+    return pc.fill_null(col, -1).to_numpy(zero_copy_only=False), ok
+
+
+def _range_batch(b):
+    """One record batch of ranges -> (numpy columns and split markers, what it skipped)."""
     pa, pc, _ = arrow()
+    skipped: dict = {}
+    (s, ok_s), (e, ok_e), (tid, ok_t) = (_ints(b.column(i)) for i in range(3))
+    txt = as_text(b.column(3))
+    keep = np.ones(len(s), bool)
+    for ok in (ok_s, ok_e, ok_t):
+        if ok is not None:
+            keep &= ok
+    _count(skipped, "NULL or non-integer start, end or thread", len(s) - int(keep.sum()))
+    lengths = pc.binary_length(txt)
+    if len(txt) and (pc.max(lengths).as_py() or 0) > MAX_TEXT:
+        big = pc.greater(lengths, MAX_TEXT).to_numpy(zero_copy_only=False)
+        _count(skipped, f"marker text over {MAX_TEXT:,} bytes", (keep & big).sum())
+        keep &= ~big
+    _count(skipped, "range with end == start (a zero-length range cannot enclose anything)", (keep & (e == s)).sum())
+    _count(skipped, "range with end before start", (keep & (e < s)).sum())
+    keep &= e > s
+    if not keep.all():
+        s, e, tid = s[keep], e[keep], tid[keep]
+        txt = pc.filter(txt, pa.array(keep))
+    names, seq, sizes = arrowsplit.split_arrow(txt)
+    return {"start": s, "end": e, "tid": tid, "seq": seq, "name": names, "sizes": sizes}, skipped
+
+
+def _read_ranges(uri, path, con, push, skipped, where: str = "1"):
     cols = _columns(con, "NVTX_EVENTS", path)
     # Range text is inline (`text`) or a registered string (`textId` -> StringIds); either may be absent.
     text = "COALESCE(n.text, s.value)" if {"text", "textId"} <= cols else ("n.text" if "text" in cols else "s.value")
     join = "LEFT JOIN StringIds s ON s.id = n.textId" if "textId" in cols else ""
     sql = (f"SELECT n.start, n.end, n.globalTid, COALESCE({text}, '') FROM NVTX_EVENTS n {join} "
-           f"WHERE n.eventType IN ({','.join(map(str, push))}) AND n.end IS NOT NULL")
-    parts = {k: [] for k in ("start", "end", "tid")}
-    splits = []
-    pool = ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1)))
-    for b in _batches(uri, sql, path):
-        start, end, tid = (as_int64(b.column(i)) for i in range(3))
-        txt = as_text(b.column(3))
-        ok = pc.and_kleene(pc.and_kleene(pc.is_valid(start), pc.is_valid(end)), pc.is_valid(tid))
-        _count(skipped, "NULL or non-integer start, end or thread", len(b) - (pc.sum(ok).as_py() or 0))
-        big = pc.greater(pc.binary_length(txt), MAX_TEXT)
-        n_big = pc.sum(pc.and_kleene(ok, big)).as_py() or 0
-        _count(skipped, f"marker text over {MAX_TEXT:,} bytes", n_big)
-        ok = pc.and_kleene(ok, pc.invert(big))
-        if not pc.all(ok).as_py():
-            start, end, tid, txt = (pc.filter(c, ok) for c in (start, end, tid, txt))
-        s, e = start.to_numpy(zero_copy_only=False), end.to_numpy(zero_copy_only=False)
-        good = e > s
-        _count(skipped, "range with end == start (a zero-length range cannot enclose anything)", (e == s).sum())
-        _count(skipped, "range with end before start", (e < s).sum())
-        if not good.all():
-            mask = pa.array(good)
-            start, end, tid, txt = (pc.filter(c, mask) for c in (start, end, tid, txt))
-            s, e = s[good], e[good]
-        splits.append(pool.submit(markers.split_arrow, txt))
-        parts["start"].append(s)
-        parts["end"].append(e)
-        parts["tid"].append(tid.to_numpy(zero_copy_only=False))
-    pool.shutdown(wait=True)
-    done = [f.result() for f in splits]
-    names, seqs, sizes = [d[0] for d in done], [d[1] for d in done], [d[2] for d in done]
-    parts["seq"] = seqs
-    cat = {k: (np.concatenate(v) if v else np.zeros(0, np.int64)) for k, v in parts.items()}
-    frame = pd.DataFrame({"start": cat["start"].astype(np.int64), "end": cat["end"].astype(np.int64),
-                          "tid": cat["tid"].astype(np.int64), "name": markers.categorical(names),
-                          "seq": cat["seq"].astype(np.int64), "sizes": markers.categorical(sizes)})
-    return sort_ranges(frame)
+           f"WHERE n.eventType IN ({','.join(map(str, push))}) AND n.end IS NOT NULL AND ({where})")
+    futures = []
+    # a batch is split while the next one is read (SQLite, numpy and Arrow's kernels release the GIL); at most
+    # two wait, so the texts held stay a few batches whatever the file's size
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        for b in _batches(uri, sql, path):
+            if len(futures) >= 2:
+                futures[-2].result()
+            futures.append(pool.submit(_range_batch, b))
+        done = [f.result() for f in futures]
+    for _, sk in done:
+        for reason, n in sk.items():
+            _count(skipped, reason, n)
+    parts = [d for d, _ in done]
+    cat = {k: (np.concatenate([p[k] for p in parts]) if parts else np.zeros(0, np.int64))
+           for k in ("start", "end", "tid", "seq")}
+    order = range_order(cat["start"], cat["end"], cat["tid"])
+    names = arrowsplit.categorical([p["name"] for p in parts])
+    sizes = arrowsplit.categorical([p["sizes"] for p in parts])
+    if order is not None:
+        cat = {k: v[order] for k, v in cat.items()}
+        names = pd.Categorical.from_codes(names.codes[order], dtype=names.dtype)
+        sizes = pd.Categorical.from_codes(sizes.codes[order], dtype=sizes.dtype)
+    return pd.DataFrame({"start": cat["start"], "end": cat["end"], "tid": cat["tid"], "name": names,
+                         "seq": cat["seq"], "sizes": sizes})
+
+
+def range_order(start: np.ndarray, end: np.ndarray, tid: np.ndarray):
+    """The permutation that orders ranges by (tid, start, -end), or None where they are in that order already.
+
+    An export lists ranges in time order, threads interleaved: grouping by thread (one pass per thread where
+    there are few) keeps that order within each, far cheaper than a sort; a full sort is the fallback."""
+    n = len(start)
+    if n < 2:
+        return None
+    if (start[1:] >= start[:-1]).all():
+        codes, threads = pd.factorize(tid, sort=True)
+        if len(threads) == 1:
+            order = None
+        elif len(threads) <= 64:
+            order = np.concatenate([np.flatnonzero(codes == c) for c in range(len(threads))])
+        else:
+            order = np.argsort(codes, kind="stable")
+        s, e, t = (start, end, tid) if order is None else (start[order], end[order], tid[order])
+        tie = (t[1:] == t[:-1]) & (s[1:] == s[:-1])
+        if not (tie & (e[1:] > e[:-1])).any():
+            return order
+    return np.lexsort((-end, start, tid))
 
 
 def sort_ranges(frame: pd.DataFrame) -> pd.DataFrame:
-    """Ranges ordered by (tid, start, -end), the order the range trees need; cheap when (as in an export) they
-    already come in time order."""
-    tid = frame["tid"].to_numpy()
-    start = frame["start"].to_numpy()
-    end = frame["end"].to_numpy()
-    if len(frame) < 2:
-        return frame.reset_index(drop=True)
-    same = (np.diff(tid) == 0) & (np.diff(start) == 0)
-    if (np.diff(start) >= 0).all() and not (same & (np.diff(end) > 0)).any():
-        codes, _ = pd.factorize(tid, sort=True)
-        order = np.argsort(codes.astype(np.int32), kind="stable")
-    else:
-        order = np.lexsort((-end, start, tid))
-    return frame.take(order).reset_index(drop=True)
+    """Ranges ordered by (tid, start, -end), the order the range trees need."""
+    order = range_order(frame["start"].to_numpy(np.int64), frame["end"].to_numpy(np.int64),
+                        frame["tid"].to_numpy(np.int64))
+    return frame.reset_index(drop=True) if order is None else frame.take(order).reset_index(drop=True)
+
+
+def _read_table(uri, sql, path, n_cols):
+    """Integer columns of ``sql`` -> (int64 numpy columns, -1 where not an integer; rows whose every column up to
+    the first ``n_cols`` is an integer)."""
+    parts, oks = [], []
+    for b in _batches(uri, sql, path):
+        cols = [_ints(b.column(i)) for i in range(b.num_columns)]
+        parts.append([c for c, _ in cols])
+        ok = np.ones(len(b), bool)
+        for _, valid in cols[:n_cols]:
+            if valid is not None:
+                ok &= valid
+        oks.append(ok)
+    width = len(parts[0]) if parts else 0
+    cols = [np.concatenate([p[i] for p in parts]) for i in range(width)]
+    return cols, (np.concatenate(oks) if oks else np.zeros(0, bool))
+
+
+_KERNEL_SQL = "SELECT start, end, correlationId, globalPid, demangledName FROM CUPTI_ACTIVITY_KIND_KERNEL"
+_LAUNCH_SQL = ("SELECT correlationId, globalTid, start FROM CUPTI_ACTIVITY_KIND_RUNTIME "
+               "WHERE correlationId IS NOT NULL")
 
 
 def _read_kernels(uri, path, skipped):
-    kparts = {k: [] for k in ("start", "end", "corr", "pid", "name")}
-    for b in _batches(uri, "SELECT start, end, correlationId, globalPid, demangledName FROM CUPTI_ACTIVITY_KIND_KERNEL",
-                      path):
-        cols = [as_int64(b.column(i)).to_numpy(zero_copy_only=False) for i in range(5)]
-        s, e = cols[0], cols[1]
-        ok = ~(pd.isna(s) | pd.isna(e))
-        _count(skipped, "kernel with NULL or non-integer start or end", (~ok).sum())
-        for k, c in zip(kparts, cols):
-            kparts[k].append(c[ok])
-    k = {n: (np.concatenate(v) if v else np.zeros(0)) for n, v in kparts.items()}
-    rparts = {n: [] for n in ("corr", "tid", "start")}
-    for b in _batches(uri, "SELECT correlationId, globalTid, start FROM CUPTI_ACTIVITY_KIND_RUNTIME "
-                           "WHERE correlationId IS NOT NULL", path):
-        cols = [as_int64(b.column(i)).to_numpy(zero_copy_only=False) for i in range(3)]
-        ok = ~(pd.isna(cols[0]) | pd.isna(cols[1]) | pd.isna(cols[2]))
-        for n, c in zip(rparts, cols):
-            rparts[n].append(c[ok].astype(np.int64))
-    r = {n: (np.concatenate(v) if v else np.zeros(0, np.int64)) for n, v in rparts.items()}
-    launch_tid, launch_start = join_launches(k["corr"], k["pid"], r["corr"], r["tid"], r["start"])
-    name_ids = np.nan_to_num(k["name"].astype(np.float64), nan=-1).astype(np.int64)
-    codes, uniq = pd.factorize(name_ids)
+    cols, ok = _read_table(uri, _KERNEL_SQL, path, 2)
+    if not cols:
+        cols = [np.zeros(0, np.int64)] * 5
+    _count(skipped, "kernel with NULL or non-integer start or end", (~ok).sum())
+    if not ok.all():
+        cols = [c[ok] for c in cols]
+    start, end, corr, pid, name_id = cols
+    rcols, rok = _read_table(uri, _LAUNCH_SQL, path, 3)
+    if rcols and not rok.all():
+        rcols = [c[rok] for c in rcols]
+    r_corr, r_tid, r_start = rcols if rcols else [np.zeros(0, np.int64)] * 3
+    launch_tid, launch_start = join_launches(corr, pid, r_corr, r_tid, r_start)
+    codes, uniq = _dense_codes(name_id)
     strings = {}
     ids = [int(u) for u in uniq if u >= 0]
     con = sqlite3.connect(uri, uri=True, check_same_thread=False)
     con.text_factory = lambda b: b.decode("utf-8", "replace")
-    for i in range(0, len(ids), 500):
-        chunk = ids[i:i + 500]
-        strings.update(_query(con, f"SELECT id, CAST(substr(value, 1, 4096) AS TEXT) FROM StringIds WHERE id IN "
-                                   f"({','.join('?' * len(chunk))})", path, chunk))
-    con.close()
+    try:
+        for i in range(0, len(ids), 500):
+            chunk = ids[i:i + 500]
+            strings.update(_query(con, f"SELECT id, CAST(substr(value, 1, 4096) AS TEXT) FROM StringIds WHERE id IN "
+                                       f"({','.join('?' * len(chunk))})", path, chunk))
+    finally:
+        con.close()
     labels = np.array([str(strings.get(int(u), "")) for u in uniq], dtype=object)
     label_codes, label_uniq = pd.factorize(labels)  # two ids may hold one string
-    names = pd.Series(pd.Categorical.from_codes(label_codes[codes] if len(codes) else np.zeros(0, np.int64),
-                                                categories=pd.Index(label_uniq, dtype=object)))
-    return pd.DataFrame({"start": k["start"].astype(np.int64), "end": k["end"].astype(np.int64),
-                         "launch_tid": launch_tid, "launch_start": launch_start,
+    names = pd.Categorical.from_codes(label_codes[codes] if len(codes) else np.zeros(0, np.int64),
+                                      categories=pd.Index(label_uniq, dtype=object))
+    return pd.DataFrame({"start": start, "end": end, "launch_tid": launch_tid, "launch_start": launch_start,
                          "name": names})
 
 
+def _dense_codes(values: np.ndarray):
+    """(code per value, distinct values in first-seen or ascending order) of small non-negative integers (string
+    ids) through a table instead of a hash; a hash where they are not small."""
+    if len(values) and values.min() >= -1 and values.max() < 4 * len(values) + (1 << 20):
+        present = np.zeros(int(values.max()) + 2, bool)
+        present[values + 1] = True
+        code_of = np.cumsum(present) - 1
+        return code_of[values + 1], np.flatnonzero(present) - 1
+    return pd.factorize(values)
+
+
 def join_launches(corr, pid, r_corr, r_tid, r_start):
-    """(launch_tid, launch_start) per kernel: its runtime call of the same correlationId and process, or -1."""
+    """(launch_tid, launch_start) per kernel: its runtime call of the same correlationId and process, or -1.
+    ``corr`` and ``pid`` hold -1 where the kernel has none."""
     n = len(corr)
     tid = np.full(n, -1, np.int64)
     start = np.full(n, -1, np.int64)
     if n == 0 or len(r_corr) == 0:
         return tid, start
-    kc = np.nan_to_num(np.asarray(corr, np.float64), nan=-1).astype(np.int64)
-    kp = np.nan_to_num(np.asarray(pid, np.float64), nan=-1).astype(np.int64) >> 24
-    rp = r_tid >> 24
-    if max(kc.max(), r_corr.max()) < 1 << 32 and min(kc.min(), r_corr.min()) >= -1 and \
-            max(kp.max(), rp.max()) < 1 << 30 and min(kp.min(), rp.min()) >= -1:
-        # one int64 key: (process, correlationId) packed, hashed once
-        keys_r = pd.Index((rp << 32) | (r_corr & 0xFFFFFFFF))
-        keys_k = (kp << 32) | (kc & 0xFFFFFFFF)
-    else:
-        keys_r = pd.MultiIndex.from_arrays([rp, r_corr])
-        keys_k = pd.MultiIndex.from_arrays([kp, kc])
-    # one launch per (process, correlationId); a duplicate would charge a kernel twice
-    first = ~keys_r.duplicated(keep="first")
-    pos = keys_r[first].get_indexer(keys_k)
+    kc = np.asarray(corr, np.int64)
+    kp = np.asarray(pid, np.int64) >> 24
+    rc = np.asarray(r_corr, np.int64)
+    rp = np.asarray(r_tid, np.int64) >> 24
+    pos = _dense_lookup(kp, kc, rp, rc)
+    if pos is None:
+        if max(kc.max(), rc.max()) < 1 << 32 and min(kc.min(), rc.min()) >= -1 and \
+                max(kp.max(), rp.max()) < 1 << 30 and min(kp.min(), rp.min()) >= -1:
+            # one int64 key: (process, correlationId) packed, hashed once
+            keys_r = pd.Index((rp << 32) | (rc & 0xFFFFFFFF))
+            keys_k = (kp << 32) | (kc & 0xFFFFFFFF)
+        else:
+            keys_r = pd.MultiIndex.from_arrays([rp, rc])
+            keys_k = pd.MultiIndex.from_arrays([kp, kc])
+        # one launch per (process, correlationId); a duplicate would charge a kernel twice
+        first = np.flatnonzero(~keys_r.duplicated(keep="first"))
+        pos = keys_r[first].get_indexer(keys_k)
+        pos = np.where(pos >= 0, first[np.maximum(pos, 0)], -1)
     hit = (pos >= 0) & (kc >= 0)
-    tid[hit] = r_tid[first][pos[hit]]
-    start[hit] = r_start[first][pos[hit]]
+    tid[hit] = r_tid[pos[hit]]
+    start[hit] = r_start[pos[hit]]
     return tid, start
+
+
+def _dense_lookup(kp, kc, rp, rc):
+    """Row of each kernel's launch through a table indexed by correlation id, one per process (CUPTI numbers
+    them densely from 1 in each): no hash, no sort. None where the ids are not dense or a launch repeats."""
+    if rc.min() < 0 or kc.min() < -1:
+        return None
+    procs = np.unique(rp)
+    span = int(max(rc.max(), kc.max())) + 1
+    if len(procs) > 64 or span * len(procs) > 4 * len(rc) + (1 << 20):
+        return None
+    rslot = np.searchsorted(procs, rp)
+    table = np.full(span * len(procs), -1, np.int64)
+    key_r = rslot * span + rc
+    table[key_r] = np.arange(len(rc))
+    if (table[key_r] != np.arange(len(rc))).any():
+        return None  # a (process, correlationId) launched twice: the hash keeps the first
+    kslot = np.searchsorted(procs, kp)
+    known = (kslot < len(procs)) & (procs[np.minimum(kslot, len(procs) - 1)] == kp) & (kc >= 0)
+    pos = np.full(len(kc), -1, np.int64)
+    pos[known] = table[kslot[known] * span + kc[known]]
+    return pos
 
 
 def load(path) -> Profile:
