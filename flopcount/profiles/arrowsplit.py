@@ -232,6 +232,24 @@ def valid_utf8(text):
                          for t in text.cast(pa.binary()).to_pylist()], pa.string())
 
 
+class Dictionary:
+    """One dictionary grown batch by batch: a batch's (codes, dictionary) become codes into it at once, so no
+    batch's codes wait to be remapped."""
+
+    def __init__(self):
+        self.index: dict = {}
+
+    def codes(self, codes, dictionary) -> np.ndarray:
+        values = dictionary.to_pylist()
+        new = np.fromiter((self.index.setdefault(v, len(self.index)) for v in values), np.int32, len(values))
+        return _remap(codes, new)
+
+    def categories(self):
+        import pandas as pd
+
+        return pd.Index(list(self.index), dtype=object)
+
+
 def categorical(chunks):
     """(codes, dictionary) chunks -> one pandas Categorical (code -1 -> missing), the dictionaries unified."""
     import pandas as pd

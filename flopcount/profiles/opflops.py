@@ -69,24 +69,54 @@ def integer_only(types) -> bool:
 
 def group_codes(cols):
     """(code per row, first row of each code) of the distinct tuples of integer columns, without a Python tuple
-    per row: the codes are combined column by column and re-densified."""
+    per row: the columns are packed into one integer key (mixed radix) and hashed once, or, where the key would
+    not fit in 63 bits, combined column by column and re-densified."""
     n = len(cols[0]) if cols else 0
-    code = np.zeros(n, dtype=np.int64)
-    for c in cols:
-        cc, uc = pd.factorize(np.asarray(c))
-        code, _ = pd.factorize(code * max(len(uc), 1) + cc)
-    _, firsts = np.unique(code, return_index=True)
-    return code, firsts
+    cols = [np.asarray(c, np.int64) for c in cols]
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    lows = [int(c.min()) for c in cols]
+    spans = [int(c.max()) - low + 1 for c, low in zip(cols, lows)]
+    size = 1
+    for span in spans:
+        size *= span
+    if size < 1 << 62:
+        key = np.zeros(n, np.int64)
+        for c, low, span in zip(cols, lows, spans):
+            key = key * span + (c - low)
+        code, _ = pd.factorize(key)
+    else:
+        code = np.zeros(n, dtype=np.int64)
+        for c in cols:
+            cc, uc = pd.factorize(c)
+            code, _ = pd.factorize(code * max(len(uc), 1) + cc)
+    # factorize numbers codes by first appearance: a code's first row is where the running maximum grows
+    code = code.astype(np.int64)
+    grows = np.empty(n, bool)
+    grows[0] = True
+    grows[1:] = code[1:] > np.maximum.accumulate(code)[:-1]
+    return code, np.flatnonzero(grows)
 
 
-def op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, int_k, float_k, fmt, notes):
+def distinct(x: np.ndarray) -> np.ndarray:
+    """Sorted distinct values (np.unique without return_index hashes, and is far slower on millions of values)."""
+    if len(x) == 0:
+        return np.asarray(x)
+    s = np.sort(x, kind="stable")
+    keep = np.empty(len(s), bool)
+    keep[0] = True
+    keep[1:] = s[1:] != s[:-1]
+    return s[keep]
+
+
+def op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, int_k, float_k, fmt, notes, by_level=None):
     """(flops (-1 where not derived), reason, status code) per range, and the set of (op, reason) failures."""
     n = len(r)
-    sc = r["sizes"].cat.codes.to_numpy().astype(np.int64)
+    sc = r["sizes"].cat.codes.to_numpy().astype(np.int32)
     size_texts = np.asarray(r["sizes"].cat.categories, dtype=object)
     start = r["start"].to_numpy(np.int64)
     flops = np.full(n, -1, dtype=np.int64)
-    reason_code = np.full(n, -1, dtype=np.int64)
+    reason_code = np.full(n, -1, dtype=np.int16)
     reasons = []
     is_fwd = phase == 0
 
@@ -126,7 +156,8 @@ def op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, int_k, 
     linked = fw & (s >= 0) & (created == rows) & (lookup(s, node_seq, np.ones(len(node_seq), np.int64), 0) == 1)
     out = np.where(linked, lookup(s, node_seq, node_sizes), -1)
     # backward: the forward op of the enclosing node (its bias; whether it was the step's first op)
-    node_of = ancestors_fill(parent, depth, np.where(node, np.arange(n), -1))
+    node_of = ancestors_fill(parent, depth, np.where(node, np.arange(n, dtype=parent.dtype), -1).astype(parent.dtype),
+                             by_level)
     bw = ~fw & ~opt
     ns = np.where(bw & (node_of[rows] >= 0), seq[np.maximum(node_of[rows], 0)], -1)
     fwd_row = lookup(ns, cre_seq, creator)
@@ -140,7 +171,7 @@ def op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, int_k, 
         return has_bias_by_code[code]
 
     fwd_code = np.where(fwd_row >= 0, sc[np.maximum(fwd_row, 0)], -1)
-    uniq_codes = np.unique(fwd_code[fwd_row >= 0])
+    uniq_codes = distinct(fwd_code[fwd_row >= 0])
     bias_table = np.array([bias_of(int(c)) for c in uniq_codes], dtype=np.int64)
     has_bias = np.where(fwd_row >= 0, lookup(fwd_code, uniq_codes, bias_table, 0), -1)
     needs = (ns != first_fwd_seq) if first_fwd_seq is not None else np.ones(len(rows), bool)
@@ -190,7 +221,7 @@ def op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, int_k, 
     status[is_op & ~formula & zero] = _ZERO
     status[is_op & ~formula & ~zero] = _UNCOUNTED
 
-    op_names = set(np.asarray(name_cats, dtype=object)[np.unique(name_codes[is_op])].tolist()) if n else set()
+    op_names = set(np.asarray(name_cats, dtype=object)[np.flatnonzero(np.bincount(name_codes[is_op], minlength=len(name_cats)))].tolist()) if n else set()
     if any(markers.packet(x).startswith("aten.max_pool") for x in op_names):
         notes.append(POOL_NOTE)
     if fmt == "nvtx" and any(formulas.op_family(markers.packet(x)) == "attention" for x in op_names):
