@@ -47,7 +47,9 @@ def mangled(rng):
 def test_scan_equals_regex(make):
     rng = random.Random(7)
     texts = [make(rng) for _ in range(4000)] + ["", "aten::mm", "a, b", "a, seq = 1", "a, seq = 1x", "a, seq = ,",
-                                                 "a, op_id = 3, seq = 4", "a, sizes = [[1]], sizes = [[2]]"]
+                                                 "a, op_id = 3, seq = 4", "a, sizes = [[1]], sizes = [[2]]",
+                                                 # a keyword cut by the end of its row, the next row going on
+                                                 "a, sizes =", " [[1]]", "b, seq =", " 4", "c, input_op_ids =", " x"]
     arr = pa.array(texts, pa.string())
     fast = rows(arrowsplit.split_arrow(arr))
     slow = rows(arrowsplit.split_regex(arr))

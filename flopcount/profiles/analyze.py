@@ -15,6 +15,7 @@ GPU time: kernel time (end - start) summed per op (the op-level range enclosing 
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Optional
@@ -176,7 +177,6 @@ def analyze(path_or_profile, naive: bool = False) -> Analysis:
         return vals[name_codes] if len(vals) else np.zeros(n, dtype=dtype)
 
     # --- classification per distinct name (hundreds), then spread to rows ------------------------------------
-    aten = np.array([markers.is_aten(str(u)) for u in name_cats], dtype=bool)
     op_like = by_name(lambda u: markers.is_aten(u) and not is_composite(u))
     phase = _top_down(parent, by_level, by_name(_phase_of, np.int8), lambda v: v > 0)
 
@@ -186,26 +186,34 @@ def analyze(path_or_profile, naive: bool = False) -> Analysis:
     is_op = op_of == rows
     del rows
 
-    # --- kernels -> innermost range -> op ---------------------------------------------------------------------
+    # --- kernels -> innermost range -> op, beside the FLOPs (numpy releases the GIL: two cores share the work) ---
     k = prof.kernels
     launched = k["launch_tid"].to_numpy() >= 0
-    inner = innermost(r, k["launch_tid"].to_numpy(), k["launch_start"].to_numpy())
-    in_range = inner >= 0
     kdur = k["end"].to_numpy(np.int64) - k["start"].to_numpy(np.int64)
-    kcount_own, kcount, ktime, int_k, float_k = _kernel_sums(inner, in_range, kdur, k, op_of, n)
-    under = subtree_sum(parent, depth, kcount_own, by_level)  # kernels launched anywhere inside each range (naive)
-    del kcount_own
-    if prof.cpu_times:  # no device activity: an op's time is its own range's
-        ktime = np.where(is_op, end - start, 0).astype(np.float64)
+
+    def attribute():
+        inner = innermost(r, k["launch_tid"].to_numpy(), k["launch_start"].to_numpy())
+        in_range = inner >= 0
+        kcount_own, kcount, ktime, int_k, float_k = _kernel_sums(inner, in_range, kdur, k, op_of, n)
+        under = subtree_sum(parent, depth, kcount_own, by_level)  # kernels launched anywhere inside (naive)
+        return in_range, kcount, ktime, int_k & ~float_k, under
 
     notes = list(prof.notes)
     for why, count in prof.skipped.items():
         notes.append(f"{count:,} row(s) skipped: {why}")
     flops = np.full(n, -1, dtype=np.int64)
     status = np.zeros(n, dtype=np.int8)
-    if has_shapes:
-        flops, status = op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, int_k, float_k,
-                                 prof.sizes_format, notes, by_level)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        side = pool.submit(attribute)
+        if has_shapes:
+            flops, status = op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, prof.sizes_format,
+                                     notes, by_level)
+        in_range, kcount, ktime, int_only, under = side.result()
+    # integer work is not floating-point work: an op whose kernels all name integer element types counts 0
+    flops[int_only & (flops > 0)] = 0
+    if prof.cpu_times:  # no device activity: an op's time is its own range's
+        ktime = np.where(is_op, end - start, 0).astype(np.float64)
+
     # the 2021 tool's count: a range's FLOPs are charged again for every kernel launched anywhere inside it
     naive_flops = np.where(flops > 0, flops, 0) * under
 

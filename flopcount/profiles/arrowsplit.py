@@ -40,6 +40,7 @@ _KIND[(ord("q") << 8) | np.arange(256)] = _SEQ
 _KIND[(ord("d") << 8) | np.arange(256)] = _OP_ID
 _KIND[(ord("s") << 8) | ord("e")] = _SIZES
 _KIND[(ord("s") << 8) | ord("d")] = _INPUT
+_INLINE = np.arange(12) < np.arange(13)[:, None]  # the bytes a view of each length holds inline (row 4: a prefix)
 
 
 def split_arrow(text):
@@ -81,6 +82,8 @@ def _windows(data: np.ndarray):
 
 
 def _scan(text):
+    """(row starts, name ends, seq, sizes start and stop, rows the scan cannot settle, the byte views) of a batch;
+    positions are into the batch's data buffer. The keywords of all rows are handled as one flat array."""
     import pyarrow.compute as pc
 
     n = len(text)
@@ -96,50 +99,48 @@ def _scan(text):
     j0 = np.searchsorted(eq, name_end)
     k = np.searchsorted(eq, hi) - j0  # "=" after the name: one per keyword
     bad = ((first >= 0) & (k == 0)) | (k > len(_KEYWORDS))
+    k[bad] = 0
+    # one entry per keyword: its row, its "=", and where its row's keywords begin in this flat list
+    begin = np.cumsum(k) - k
+    row = np.repeat(np.arange(n), k)
+    flat = np.arange(len(row))
+    e = eq[flat - np.repeat(begin - j0, k)]
+    t = _KIND[w2[e - 3 + _PAD]].astype(np.int64)
+    tt = np.maximum(t, 0)
+    st = e - (_LEN[tt] - 2)
+    ok = (t >= 0) & (w8[st + _PAD] == _HEAD[tt]) & (w2[e + _PAD] == _EQ_SPACE) & (st >= lo[row]) & (e + 2 <= hi[row])
+    inp = np.flatnonzero(t == _INPUT)
+    ok[inp] &= (w8[st[inp] + 8 + _PAD] & _SIX_BYTES) == _INPUT_MID
+    # in order: the first right after the name, each after the end of the one before
+    lead = flat == begin[row]
+    ok[lead] &= st[lead] == name_end[row[lead]]
+    rest = np.flatnonzero(~lead)
+    ok[rest] &= (t[rest] > t[rest - 1]) & (st[rest] >= e[rest - 1] + 2)
+    bad[row[~ok]] = True
+    # a keyword's text runs from its "= " to the next keyword of its row, or the row's end
+    c0 = e + 2
+    c1 = hi[row]
+    follow = np.flatnonzero(~lead)
+    c1[follow - 1] = st[follow]
     seq = np.full(n, -1, np.int64)
+    at = np.flatnonzero(ok & (t == _SEQ))
+    if len(at):
+        r, a, length = row[at], c0[at], (c1 - c0)[at]
+        good = (length >= 1) & (length <= 18)
+        digits = rows_of[a + _PAD][:, :18] - np.uint8(ord("0"))
+        value = np.zeros(len(r), np.int64)
+        for d in range(int(length[good].max()) if good.any() else 0):
+            inside = d < length
+            good &= ~inside | (digits[:, d] < 10)
+            value = np.where(inside, value * 10 + digits[:, d], value)
+        seq[r[good]] = value[good]
+        bad[r[~good]] = True
     s0 = np.full(n, -1, np.int64)
     s1 = np.full(n, -1, np.int64)
-    kind = np.full((len(_KEYWORDS), n), -1, np.int64)
-    start = np.full((len(_KEYWORDS) + 1, n), -1, np.int64)
-    for m in range(len(_KEYWORDS)):
-        rows = np.flatnonzero(~bad & (k > m))
-        if not len(rows):
-            break
-        e = eq[j0[rows] + m]
-        t = _KIND[w2[e - 3 + _PAD]].astype(np.int64)
-        tt = np.maximum(t, 0)
-        st = e - (_LEN[tt] - 2)
-        ok = (t >= 0) & (w8[st + _PAD] == _HEAD[tt]) & (w2[e + _PAD] == _EQ_SPACE) & (st >= lo[rows])
-        inp = np.flatnonzero(t == _INPUT)
-        ok[inp] &= (w8[st[inp] + 8 + _PAD] & _SIX_BYTES) == _INPUT_MID
-        # in order, the first right after the name, each after the one before
-        ok &= (t > kind[m - 1, rows]) & (st >= start[m - 1, rows] + _LEN[np.maximum(kind[m - 1, rows], 0)]) if m \
-            else st == name_end[rows]
-        bad[rows[~ok]] = True
-        kind[m, rows] = t
-        start[m, rows] = st
-    for m in range(len(_KEYWORDS)):
-        rows = np.flatnonzero(~bad & (k > m))
-        if not len(rows):
-            break
-        t = kind[m, rows]
-        c0 = start[m, rows] + _LEN[t]
-        c1 = np.where(k[rows] > m + 1, start[m + 1, rows], hi[rows])
-        at = np.flatnonzero(t == _SEQ)
-        if len(at):
-            r, a, length = rows[at], c0[at], (c1 - c0)[at]
-            good = (length >= 1) & (length <= 18)
-            digits = rows_of[a + _PAD][:, :18] - np.uint8(ord("0"))
-            value = np.zeros(len(r), np.int64)
-            for d in range(int(length[good].max()) if good.any() else 0):
-                inside = d < length
-                good &= ~inside | (digits[:, d] < 10)
-                value = np.where(inside, value * 10 + digits[:, d], value)
-            seq[r[good]] = value[good]
-            bad[r[~good]] = True
-        at = t == _SIZES
-        s0[rows[at]] = c0[at]
-        s1[rows[at]] = c1[at]
+    at = np.flatnonzero(ok & (t == _SIZES))
+    s0[row[at]] = c0[at]
+    s1[row[at]] = c1[at]
+    s0[bad] = -1
     return lo, name_end, seq, s0, s1, bad, grid
 
 
@@ -166,7 +167,7 @@ def _encode(text, grid, starts, stops):
         view = np.zeros((n, 16), np.uint8)
         # a view holds its length, then up to 12 bytes inline, or a 4-byte prefix, buffer 0 and the offset
         head = rows_of[starts + _PAD][:, :12]
-        view[:, 4:16] = head * (np.arange(12) < np.where(lens <= 12, lens, 4)[:, None])
+        np.copyto(view[:, 4:16], head, where=_INLINE[np.where(lens <= 12, lens, 4)])
         words = view.view(np.int32)
         words[:, 0] = lens
         long = lens > 12
