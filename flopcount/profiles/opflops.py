@@ -125,17 +125,6 @@ def take(values: np.ndarray, pos: np.ndarray, missing: int = -1) -> np.ndarray:
     return np.where(pos >= 0, values[np.maximum(pos, 0)], missing)
 
 
-def distinct(x: np.ndarray) -> np.ndarray:
-    """Sorted distinct values (np.unique without return_index hashes, and is far slower on millions of values)."""
-    if len(x) == 0:
-        return np.asarray(x)
-    s = np.sort(x, kind="stable")
-    keep = np.empty(len(s), bool)
-    keep[0] = True
-    keep[1:] = s[1:] != s[:-1]
-    return s[keep]
-
-
 def op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, fmt, notes, by_level=None):
     """(flops (-1 where not derived), reason, status code) per range, and the set of (op, reason) failures."""
     n = len(r)
@@ -176,10 +165,13 @@ def op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, fmt, no
     out = np.where(linked, take(node_sizes, at_node), -1)
     del at_node
     # backward: the forward op of the enclosing node (its bias; whether it was the step's first op)
-    node_of = ancestors_fill(parent, depth, np.where(node, np.arange(n, dtype=parent.dtype), -1).astype(parent.dtype),
-                             by_level)
     bw = ~fw & ~opt
-    ns = np.where(bw & (node_of[rows] >= 0), seq[np.maximum(node_of[rows], 0)], -1)
+    ns = np.full(len(rows), -1, np.int64)
+    if bw.any() and len(nodes):
+        node_of = ancestors_fill(parent, depth, np.where(node, np.arange(n, dtype=parent.dtype), -1).astype(
+            parent.dtype), by_level)[rows]
+        ns = np.where(bw & (node_of >= 0), seq[np.maximum(node_of, 0)], -1)
+        del node_of
     fwd_row = take(creator, find(ns, cre_seq))
     has_bias_by_code = {}
 
@@ -191,7 +183,7 @@ def op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, fmt, no
         return has_bias_by_code[code]
 
     fwd_code = np.where(fwd_row >= 0, sc[np.maximum(fwd_row, 0)], -1)
-    uniq_codes = distinct(fwd_code[fwd_row >= 0])
+    uniq_codes = np.flatnonzero(np.bincount(fwd_code[fwd_row >= 0], minlength=len(size_texts)))
     bias_table = np.array([bias_of(int(c)) for c in uniq_codes], dtype=np.int64)
     has_bias = np.where(fwd_row >= 0, take(bias_table, find(fwd_code, uniq_codes), 0), -1)
     needs = (ns != first_fwd_seq) if first_fwd_seq is not None else np.ones(len(rows), bool)
