@@ -1,39 +1,47 @@
-"""Speed of the nvtx reader: a generated profile with 10,000,000 NVTX ranges and 10,000,000 kernels.
+"""Speed of the nvtx reader: a generated export of 10,000,000 NVTX ranges and 10,000,000 kernels, analysed, against
+its peers measured in the same run.
 
-Measured in one run, as ratios:
+* ``analyze`` (read, split markers, join every kernel to its launch and innermost range, FLOPs, per-op table)
+  runs ``--repeat`` times, each in a fresh process (so each pays its own imports' memory and first touches, as a
+  user's run does), interleaved with the peers so that they share the machine's state: wall time, CPU time (user +
+  system) and the process's peak memory.
+* the per-kernel SQL loop WITH its two indexes (correlationId; thread + start), built on a copy of the file (the
+  build is timed and counted), then per kernel one query for its launch and one for the innermost enclosing range
+  on the launching thread; run on ``--subset`` kernels and extrapolated linearly (each kernel costs the same two
+  indexed queries), which the output says. The fair peer: what a careful tool does without set-wise joins.
+* the same loop without indexes (each query scans a table), on ``--scan-subset`` kernels, extrapolated;
+* the previous row-wise reader (a Python tuple per row, in a fresh process: load only), once;
+* a per-kernel loop over rows loaded into Python (bisect into the thread's ranges), in a fresh process, on
+  ``--memory-subset`` kernels, extrapolated, loading included.
 
-* ``analyze`` (read, nest, parse markers, join every kernel to its launch and innermost range, FLOPs, per-op
-  table), set-wise;
-* a plain per-kernel Python loop over the same file, the way a straightforward tool does it: for each kernel,
-  one query for its launch (correlationId and process) and one for the innermost enclosing range on the
-  launching thread. It is run on a subset of kernels and extrapolated linearly (each kernel costs the same two
-  queries), which the output says;
-* a per-kernel Python loop over rows already in memory (bisect into the thread's ranges, then walk back to the
-  innermost enclosing one), also on a subset and extrapolated: the fairer, faster loop.
+Ratios are peer / analyze, by wall time and by CPU time, against the median of analyze's runs. The target
+(PASS/FAIL: under 60 s and 6 GB, at least 10x the indexed loop and 5x the row-wise reader) is judged at the full
+size only: on a small file the fixed costs dominate, and the ratios say nothing about the per-kernel cost.
 
-Usage: ``python benchmarks/nvtx_parse.py [--ranges 1000000] [--kernels 1000000] [--subset 200]``. The target
-(PASS/FAIL) is judged at the full size only: on a small file the fixed costs of ``analyze`` dominate, and the
-ratios say nothing about the per-kernel cost that the target is about.
+    python benchmarks/nvtx_parse.py [--ranges 10000000] [--kernels 10000000] [--repeat 3] [--subset 2000]
 """
 from __future__ import annotations
 
 import argparse
 import bisect
+import json
 import os
+import resource
+import shutil
 import sqlite3
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-sys.path.insert(0, os.path.dirname(__file__))
-
-from flopcount.profiles import analyze  # noqa: E402
-
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
 PID = 77
 TIDS = ((PID << 24) | 77, (PID << 24) | 78)
+FULL_SIZE = 10_000_000
 
 
 def write_profile(path: str, n_ranges: int, n_kernels: int) -> None:
@@ -46,11 +54,12 @@ def write_profile(path: str, n_ranges: int, n_kernels: int) -> None:
     ends = np.stack([base + 990, base + 980, base + 480, base + 970], 1).ravel()
     tids = np.repeat(tid, 4)
     sizes = "sizes = [[8, 64, 56, 56], [64, 64, 3, 3], [], [], [], [], []]"
-    texts = [f"aten::conv2d, seq = {i}, op_id = {4 * i + 1}, {sizes}" for i in range(n_ops)]
-    conv = [f"aten::convolution, seq = {i}, op_id = {4 * i + 2}, " + sizes.replace("[], [], [], [], []]", "[], [], [], [], [], [], []]") for i in range(n_ops)]
-    leaf1 = [f"aten::empty, op_id = {4 * i + 3}, sizes = [[], [], [], [], [], []]" for i in range(n_ops)]
-    leaf2 = [f"aten::relu_, op_id = {4 * i + 4}, sizes = [[8, 64, 56, 56]]" for i in range(n_ops)]
-    text = [t for quad in zip(texts, conv, leaf1, leaf2) for t in quad]
+    conv_sizes = sizes.replace("[], [], [], [], []]", "[], [], [], [], [], [], []]")
+    text = [t for i in range(n_ops) for t in (
+        f"aten::conv2d, seq = {i}, op_id = {4 * i + 1}, {sizes}",
+        f"aten::convolution, seq = {i}, op_id = {4 * i + 2}, {conv_sizes}",
+        f"aten::empty, op_id = {4 * i + 3}, sizes = [[], [], [], [], [], []]",
+        f"aten::relu_, op_id = {4 * i + 4}, sizes = [[8, 64, 56, 56]]")]
 
     leaves = np.flatnonzero(np.tile([False, False, True, True], n_ops))
     per = max(1, n_kernels // len(leaves))
@@ -86,50 +95,79 @@ def write_profile(path: str, n_ranges: int, n_kernels: int) -> None:
     con.close()
 
 
-def sql_loop(path: str, subset: int) -> float:
-    """Seconds per kernel of the per-kernel query loop."""
+# --- measured in a fresh process -----------------------------------------------------------------------------------
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def child(mode: str, path: str, subset: int) -> dict:
+    """Run one measurement in this (fresh) process; its imports are not timed, its peak memory is the process's."""
+    out = {}
+    if mode == "analyze":
+        from flopcount.profiles import analyze, load
+
+        t, c = time.perf_counter(), _cpu()
+        prof = load(path)
+        t1, c1 = time.perf_counter(), _cpu()
+        res = analyze(prof)
+        t2, c2 = time.perf_counter(), _cpu()
+        out = {"wall": t2 - t, "cpu": c2 - c, "load_wall": t1 - t, "load_cpu": c1 - c, "ranges": res.ranges,
+               "attributed": int(res.ops["kernels"].sum())}
+    elif mode == "rowwise":
+        sys.path.insert(0, HERE)
+        import rowwise_reader
+
+        t, c = time.perf_counter(), _cpu()
+        rowwise_reader.load(path)
+        out = {"wall": time.perf_counter() - t, "cpu": _cpu() - c}
+    elif mode == "memory":
+        out = memory_loop(path, subset)
+    out["peak_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+    return out
+
+
+def run_child(mode: str, path: str, subset: int = 0) -> dict:
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    res = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", mode, "--subset", str(subset), path],
+                         capture_output=True, text=True, env=env)
+    if res.returncode != 0:
+        return {"failed": f"exit {res.returncode}: {(res.stderr.strip().splitlines() or ['?'])[-1][:200]}"}
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+# --- peers -------------------------------------------------------------------------------------------------------
+def sql_loop(path: str, subset: int):
+    """(wall, CPU) seconds per kernel of the per-kernel query loop."""
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     kernels = con.execute(f"SELECT correlationId, globalPid FROM CUPTI_ACTIVITY_KIND_KERNEL LIMIT {subset}").fetchall()
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     for corr, gpid in kernels:
         launch = con.execute("SELECT globalTid, start FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE correlationId = ? AND "
                              "globalTid / 16777216 = ? / 16777216", (corr, gpid)).fetchone()
         if launch is not None:
             con.execute("SELECT text FROM NVTX_EVENTS WHERE globalTid = ? AND start <= ? AND end >= ? "
                         "ORDER BY start DESC LIMIT 1", (launch[0], launch[1], launch[1])).fetchone()
-    return (time.perf_counter() - t) / len(kernels)
+    con.close()
+    return (time.perf_counter() - t) / len(kernels), (time.process_time() - c) / len(kernels)
 
 
-def indexed_sql_loop(path: str, subset: int):
-    """(seconds to build the two indexes, seconds per kernel) of the per-kernel loop WITH indexes on a copy."""
-    import shutil
-
+def build_indexes(path: str):
+    """(copy, build wall, build CPU): the loop's two indexes, built on a copy of the file."""
     copy = path + ".indexed"
     shutil.copy(path, copy)
     con = sqlite3.connect(copy)
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     con.execute("CREATE INDEX rt_corr ON CUPTI_ACTIVITY_KIND_RUNTIME(correlationId)")
     con.execute("CREATE INDEX nv_tid_start ON NVTX_EVENTS(globalTid, start)")
     con.commit()
-    build = time.perf_counter() - t
     con.close()
-    per = sql_loop(copy, subset)
-    os.unlink(copy)
-    return build, per
+    return copy, time.perf_counter() - t, time.process_time() - c
 
 
-def rowwise_reader(path: str) -> float:
-    """Seconds of the previous row-wise reader (a Python tuple per row) loading the same file."""
-    import rowwise_reader as old
-
-    t = time.perf_counter()
-    old.load(path)
-    return time.perf_counter() - t
-
-
-def memory_loop(path: str, subset: int) -> float:
-    """Seconds per kernel of a per-kernel loop over rows loaded into Python (loading included, pro rata)."""
-    t = time.perf_counter()
+def memory_loop(path: str, subset: int) -> dict:
+    """Seconds (wall, CPU) per kernel of a per-kernel loop over rows loaded into Python, loading pro rata."""
+    t, c = time.perf_counter(), _cpu()
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     ranges = {}
     for start, end, tid, text in con.execute("SELECT start, end, globalTid, text FROM NVTX_EVENTS ORDER BY globalTid, start"):
@@ -140,8 +178,8 @@ def memory_loop(path: str, subset: int) -> float:
     launches = {(corr, tid >> 24): (tid, start) for corr, tid, start in
                 con.execute("SELECT correlationId, globalTid, start FROM CUPTI_ACTIVITY_KIND_RUNTIME")}
     kernels = con.execute("SELECT correlationId, globalPid FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchall()
-    load = time.perf_counter() - t
-    t = time.perf_counter()
+    load_wall, load_cpu = time.perf_counter() - t, _cpu() - c
+    t, c = time.perf_counter(), _cpu()
     for corr, gpid in kernels[:subset]:
         hit = launches.get((corr, gpid >> 24))
         if hit is None:
@@ -151,11 +189,9 @@ def memory_loop(path: str, subset: int) -> float:
         i = bisect.bisect_right(starts, ls) - 1
         while i >= 0 and ends[i] < ls:
             i -= 1
-    loop = (time.perf_counter() - t) / min(subset, len(kernels))
-    return load / len(kernels) + loop
-
-
-FULL_SIZE = 10_000_000
+    m = min(subset, len(kernels))
+    return {"wall": load_wall / len(kernels) + (time.perf_counter() - t) / m,
+            "cpu": load_cpu / len(kernels) + (_cpu() - c) / m}
 
 
 def _at_least(low: int):
@@ -168,46 +204,96 @@ def _at_least(low: int):
     return parse
 
 
+def spread(values) -> str:
+    return f"median {statistics.median(values):.2f} s ({min(values):.2f}-{max(values):.2f})"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     # four ranges make one op, so fewer than four leave no leaf to launch a kernel from
     p.add_argument("--ranges", type=_at_least(4), default=FULL_SIZE)
     p.add_argument("--kernels", type=_at_least(1), default=FULL_SIZE)
-    p.add_argument("--subset", type=_at_least(1), default=200, help="kernels the SQL loop runs on (then extrapolated)")
+    p.add_argument("--repeat", type=_at_least(1), default=3, help="runs of analyze, each in a fresh process")
+    p.add_argument("--subset", type=_at_least(0), default=2000, help="kernels the indexed loop runs on")
+    p.add_argument("--scan-subset", type=_at_least(1), default=20, help="kernels the loop without indexes runs on")
     p.add_argument("--memory-subset", type=_at_least(1), default=100_000)
     p.add_argument("--skip-rowwise", action="store_true", help="leave the previous reader out (minutes at 10M)")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("profile", nargs="?", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if not a.child and a.subset < 1:
+        p.error("--subset must be at least 1")
+    if a.child:
+        print(json.dumps(child(a.child, a.profile, a.subset)))
+        return 0
+    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "bench.sqlite")
         t = time.perf_counter()
         write_profile(path, a.ranges, a.kernels)
         print(f"generated {a.ranges:,} ranges and {a.kernels:,} kernels in {time.perf_counter() - t:.1f} s")
-        t = time.perf_counter()
-        res = analyze(path)
-        ours = time.perf_counter() - t
-        attributed = int(res.ops["kernels"].sum())
-        print(f"analyze (set-wise): {ours:.2f} s, {res.ranges:,} ranges, {attributed:,} kernels attributed")
-        per_sql = sql_loop(path, a.subset)
-        sql_total = per_sql * a.kernels
-        print(f"per-kernel SQL loop: {per_sql * 1e3:.2f} ms/kernel on {a.subset} kernels, "
-              f"extrapolated linearly to {a.kernels:,}: {sql_total:.0f} s -> analyze is {sql_total / ours:.0f}x faster")
-        build, per_idx = indexed_sql_loop(path, a.subset)
-        idx_total = build + per_idx * a.kernels
-        print(f"per-kernel SQL loop WITH indexes: {build:.1f} s to build them + {per_idx * 1e6:.1f} us/kernel on "
-              f"{a.subset} kernels, extrapolated: {idx_total:.0f} s -> analyze is {idx_total / ours:.1f}x faster")
-        old_s = rowwise_reader(path) if not a.skip_rowwise else float("nan")
-        print(f"previous row-wise reader (load only): {old_s:.1f} s -> analyze is {old_s / ours:.1f}x faster")
-        per_mem = memory_loop(path, a.memory_subset)
-        mem_total = per_mem * a.kernels
-        print(f"per-kernel in-memory loop (bisect): {per_mem * 1e6:.2f} us/kernel (loop on {a.memory_subset:,} kernels, "
-              f"extrapolated; loading included): {mem_total:.1f} s -> analyze is {mem_total / ours:.1f}x faster")
-        if min(a.ranges, a.kernels) < FULL_SIZE:
-            print(f"target not judged below {FULL_SIZE:,} ranges and kernels")
-            return 0
-        ok = ours < 60 and idx_total / ours >= 10 and old_s / ours >= 5
-        print("PASS" if ok else "FAIL", "(target: < 60 s, >= 10x the indexed per-kernel loop, >= 5x the row-wise "
-              "reader)")
-        return 0 if ok else 1
+        runs = []
+
+        def ours(i):
+            r = run_child("analyze", path)
+            if "failed" in r:
+                raise SystemExit(f"analyze failed: {r['failed']}")
+            runs.append(r)
+            print(f"analyze, run {i}: {r['wall']:.2f} s wall, {r['cpu']:.2f} s CPU (load {r['load_wall']:.2f} s wall), "
+                  f"peak {r['peak_gb']:.2f} GB; {r['ranges']:,} ranges, {r['attributed']:,} kernels attributed")
+
+        # analyze's runs interleaved with the peers, so both meet the machine in the same states
+        ours(1)
+        copy, build_wall, build_cpu = build_indexes(path)
+        per_idx = [sql_loop(copy, a.subset) for _ in range(3)]
+        os.unlink(copy)
+        ours(2)
+        per_scan = sql_loop(path, a.scan_subset)
+        old = run_child("rowwise", path) if not a.skip_rowwise else {"failed": "skipped"}
+        for i in range(3, a.repeat + 1):
+            ours(i)
+        mem = run_child("memory", path, a.memory_subset)
+        wall = statistics.median(r["wall"] for r in runs)
+        cpu = statistics.median(r["cpu"] for r in runs)
+        peak = max(r["peak_gb"] for r in runs)
+        print(f"analyze over {len(runs)} runs: wall {spread([r['wall'] for r in runs])}, "
+              f"CPU {spread([r['cpu'] for r in runs])}, peak {peak:.2f} GB")
+
+        def ratio(name, peer_wall, peer_cpu, detail):
+            print(f"{name}: {detail}: {peer_wall:.1f} s wall, {peer_cpu:.1f} s CPU -> analyze is "
+                  f"{peer_wall / wall:.1f}x faster (wall), {peer_cpu / cpu:.1f}x (CPU)")
+            return peer_wall / wall
+
+        n = a.kernels
+        idx_walls = [build_wall + w * n for w, _ in per_idx]
+        idx_wall = statistics.median(idx_walls)
+        idx_cpu = build_cpu + statistics.median(c for _, c in per_idx) * n
+        x_idx = ratio("per-kernel SQL loop WITH indexes", idx_wall, idx_cpu,
+                      f"{build_wall:.1f} s to build them + {statistics.median(w for w, _ in per_idx) * 1e6:.1f} us/kernel "
+                      f"(3 runs on {a.subset:,} kernels: {min(idx_walls):.0f}-{max(idx_walls):.0f} s), extrapolated to "
+                      f"{n:,}")
+        ratio("per-kernel SQL loop without indexes", per_scan[0] * n, per_scan[1] * n,
+              f"{per_scan[0] * 1e3:.1f} ms/kernel on {a.scan_subset:,} kernels, extrapolated to {n:,}")
+        if "failed" in old:
+            print(f"previous row-wise reader (load only): {old['failed']}")
+            x_old = float("nan")
+        else:
+            x_old = ratio("previous row-wise reader (load only)", old["wall"], old["cpu"],
+                          f"one run, peak {old['peak_gb']:.2f} GB")
+        if "failed" in mem:
+            print(f"per-kernel in-memory loop: {mem['failed']}")
+        else:
+            ratio("per-kernel in-memory loop (bisect)", mem["wall"] * n, mem["cpu"] * n,
+                  f"{mem['wall'] * 1e6:.2f} us/kernel (on {a.memory_subset:,} kernels, loading included, "
+                  f"peak {mem['peak_gb']:.2f} GB), extrapolated")
+    print(f"machine: load average {os.getloadavg()[0]:.1f} at the end")
+    if min(a.ranges, a.kernels) < FULL_SIZE:
+        print(f"target not judged below {FULL_SIZE:,} ranges and kernels")
+        return 0
+    ok = wall < 60 and peak < 6 and x_idx >= 10 and x_old >= 5
+    print("PASS" if ok else "FAIL", "(target: < 60 s, < 6 GB, >= 10x the indexed per-kernel loop, >= 5x the row-wise "
+          "reader, by median wall time)")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

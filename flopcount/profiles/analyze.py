@@ -15,6 +15,7 @@ GPU time: kernel time (end - start) summed per op (the op-level range enclosing 
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Optional
@@ -27,7 +28,7 @@ from ..report import FlopReport
 from . import markers
 from .nsys import Profile, ProfileError, load
 from .opflops import STATUS, op_flops
-from .ranges import innermost, nest_arrays, subtree_sum
+from .ranges import innermost, nest_levels, subtree_sum
 
 NO_SHAPES = ("this profile was recorded without record_shapes: FLOPs cannot be derived from its markers "
              "(capture with emit_nvtx(record_shapes=True)); GPU time per op follows")
@@ -95,11 +96,10 @@ def per_name(names: np.ndarray, fn, dtype=object) -> np.ndarray:
     return vals[codes] if len(vals) else np.zeros(len(names), dtype=dtype)
 
 
-def _top_down(parent, depth, own, inherit):
+def _top_down(parent, by_level, own, inherit):
     """Values flowing down the tree: a range takes its parent's value where ``inherit(parent_value)``."""
     out = own.copy()
-    for level in range(1, int(depth.max()) + 1 if len(depth) else 0):
-        idx = np.flatnonzero(depth == level)
+    for idx in by_level[1:]:
         p = parent[idx]
         ok = p >= 0
         take = np.zeros(len(idx), dtype=bool)
@@ -108,13 +108,18 @@ def _top_down(parent, depth, own, inherit):
     return out
 
 
+_INT, _FLOAT = 1, 2
+
+
 def _kernel_dtype(names) -> np.ndarray:
-    """'int' where a kernel's template arguments name only integer/bool element types, 'float' where a float
-    type appears, '' where the name says nothing (library GEMMs); once per distinct name."""
-    cat = pd.Categorical(names)
+    """_INT where a kernel's template arguments name only integer/bool element types, _FLOAT where a float type
+    appears, 0 where the name says nothing (library GEMMs); once per distinct name."""
+    cat = names.array if isinstance(getattr(names, "dtype", None), pd.CategoricalDtype) else pd.Categorical(names)
     uniq = pd.Series(np.asarray(cat.categories, dtype=object), dtype=object).astype(str)
-    kind = np.where(uniq.str.contains(_FLOAT_TYPES), "float", np.where(uniq.str.contains(_INT_TYPES), "int", ""))
-    return np.asarray(kind, dtype=object)[cat.codes] if len(kind) else np.zeros(len(cat), dtype=object)
+    kind = np.where(uniq.str.contains(_FLOAT_TYPES), _FLOAT, np.where(uniq.str.contains(_INT_TYPES), _INT, 0))
+    codes = np.asarray(cat.codes)
+    return np.where(codes >= 0, kind.astype(np.int8)[np.maximum(codes, 0)], 0).astype(np.int8) if len(kind) \
+        else np.zeros(len(codes), np.int8)
 
 
 def _phase_of(u: str) -> int:
@@ -124,6 +129,28 @@ def _phase_of(u: str) -> int:
 
 
 PHASES = np.array(["forward", "backward", "optimizer"], dtype=object)
+
+
+def _kernel_sums(inner, in_range, kdur, k, op_of, n):
+    """Per range: kernels launched in it (its own), and charged to it (count, time, whether any is an integer or
+    a float kernel). A kernel is charged to the op its innermost range belongs to, or, under no op (a
+    composite's own kernel, an NCCL range), to that innermost range."""
+    if not in_range.all():
+        at = np.flatnonzero(in_range)
+        inner, kdur = inner[at], kdur[at]
+    else:
+        at = slice(None)
+    owner = op_of[inner] if n else inner
+    owner = np.where(owner >= 0, owner, inner)
+    kcount_own = np.bincount(inner, minlength=n)
+    kcount = np.bincount(owner, minlength=n)
+    ktime = np.bincount(owner, weights=kdur, minlength=n) if n else np.zeros(0)
+    kdtype = _kernel_dtype(k["name"])[at] if len(k) else np.zeros(0, np.int8)
+    int_k = np.zeros(n, bool)
+    float_k = np.zeros(n, bool)
+    int_k[owner[kdtype == _INT]] = True
+    float_k[owner[kdtype == _FLOAT]] = True
+    return kcount_own, kcount, ktime, int_k, float_k
 
 
 def analyze(path_or_profile, naive: bool = False) -> Analysis:
@@ -141,10 +168,10 @@ def analyze(path_or_profile, naive: bool = False) -> Analysis:
         r = r.assign(sizes=(r["sizes"] if "sizes" in r else pd.Series([None] * len(r))).astype("category"))
     start = r["start"].to_numpy(np.int64)
     end = r["end"].to_numpy(np.int64)
-    depth, parent = nest_arrays(start, end, r["tid"].to_numpy(np.int64))
+    depth, parent, by_level = nest_levels(start, end, r["tid"].to_numpy(np.int64))
     r = r.assign(depth=depth, parent=parent)
     name_cats = np.asarray(r["name"].cat.categories, dtype=object)
-    name_codes = r["name"].cat.codes.to_numpy().astype(np.int64)
+    name_codes = r["name"].cat.codes.to_numpy().astype(np.int32)
     seq = r["seq"].to_numpy(np.int64)
     has_shapes = bool((r["sizes"].cat.codes.to_numpy() >= 0).any())
     n = len(r)
@@ -154,43 +181,43 @@ def analyze(path_or_profile, naive: bool = False) -> Analysis:
         return vals[name_codes] if len(vals) else np.zeros(n, dtype=dtype)
 
     # --- classification per distinct name (hundreds), then spread to rows ------------------------------------
-    aten = np.array([markers.is_aten(str(u)) for u in name_cats], dtype=bool)
     op_like = by_name(lambda u: markers.is_aten(u) and not is_composite(u))
-    phase = _top_down(parent, depth, by_name(_phase_of, np.int64), lambda v: v > 0)
+    phase = _top_down(parent, by_level, by_name(_phase_of, np.int8), lambda v: v > 0)
 
     # the op a range belongs to: the outermost op-like range on its path (itself if none above)
-    own = np.where(op_like, np.arange(n), -1)
-    op_of = _top_down(parent, depth, own, lambda v: v >= 0)
-    is_op = op_of == np.arange(n)
+    rows = np.arange(n, dtype=parent.dtype)
+    op_of = _top_down(parent, by_level, np.where(op_like, rows, -1).astype(parent.dtype), lambda v: v >= 0)
+    is_op = op_of == rows
+    del rows
 
-    # --- kernels -> innermost range -> op ---------------------------------------------------------------------
+    # --- kernels -> innermost range -> op, beside the FLOPs (numpy releases the GIL: two cores share the work) ---
     k = prof.kernels
     launched = k["launch_tid"].to_numpy() >= 0
-    inner = np.full(len(k), -1, dtype=np.int64)
-    inner[launched] = innermost(r, k["launch_tid"].to_numpy()[launched], k["launch_start"].to_numpy()[launched])
-    in_range = inner >= 0
     kdur = k["end"].to_numpy(np.int64) - k["start"].to_numpy(np.int64)
-    kdtype = _kernel_dtype(k["name"]) if len(k) else np.zeros(0, object)
-    # a kernel under no op (a composite's own kernel, an NCCL range) is charged to its innermost range
-    safe = np.maximum(inner, 0)
-    owner = np.where(in_range, np.where(op_of[safe] >= 0, op_of[safe], inner), -1) if n else inner
-    kcount_own = np.bincount(inner[in_range], minlength=n) if n else np.zeros(0, np.int64)
-    ktime = np.bincount(owner[in_range], weights=kdur[in_range], minlength=n) if n else np.zeros(0)
-    kcount = np.bincount(owner[in_range], minlength=n) if n else np.zeros(0, np.int64)
-    int_k = np.bincount(owner[in_range & (kdtype == "int")], minlength=n) if n else np.zeros(0, np.int64)
-    float_k = np.bincount(owner[in_range & (kdtype == "float")], minlength=n) if n else np.zeros(0, np.int64)
-    under = subtree_sum(parent, depth, kcount_own)  # kernels launched anywhere inside each range (naive)
-    if prof.cpu_times:  # no device activity: an op's time is its own range's
-        ktime = np.where(is_op, end - start, 0).astype(np.float64)
+
+    def attribute():
+        inner = innermost(r, k["launch_tid"].to_numpy(), k["launch_start"].to_numpy())
+        in_range = inner >= 0
+        kcount_own, kcount, ktime, int_k, float_k = _kernel_sums(inner, in_range, kdur, k, op_of, n)
+        under = subtree_sum(parent, depth, kcount_own, by_level)  # kernels launched anywhere inside (naive)
+        return in_range, kcount, ktime, int_k & ~float_k, under
 
     notes = list(prof.notes)
     for why, count in prof.skipped.items():
         notes.append(f"{count:,} row(s) skipped: {why}")
     flops = np.full(n, -1, dtype=np.int64)
     status = np.zeros(n, dtype=np.int8)
-    if has_shapes:
-        flops, status = op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, int_k, float_k,
-                                 prof.sizes_format, notes)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        side = pool.submit(attribute)
+        if has_shapes:
+            flops, status = op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, prof.sizes_format,
+                                     notes, by_level)
+        in_range, kcount, ktime, int_only, under = side.result()
+    # integer work is not floating-point work: an op whose kernels all name integer element types counts 0
+    flops[int_only & (flops > 0)] = 0
+    if prof.cpu_times:  # no device activity: an op's time is its own range's
+        ktime = np.where(is_op, end - start, 0).astype(np.float64)
+
     # the 2021 tool's count: a range's FLOPs are charged again for every kernel launched anywhere inside it
     naive_flops = np.where(flops > 0, flops, 0) * under
 

@@ -98,64 +98,6 @@ def packet(name: str) -> str:
     return name.replace("::", ".", 1)
 
 
-# --- the same split, set-wise, on Arrow string arrays (the columnar readers) -----------------------------------
-_NAME_RE = r"(?s)^(?P<name>.*?)(?:, seq = |, op_id = |, sizes = |, input_op_ids = |$)"
-_SEQ_RE = r", seq = (?P<seq>\d{1,18})(?:,|$)"
-_SIZES_RE = r"(?s), sizes = (?P<sizes>.*?)(?:, input_op_ids = |$)"
-
-
-def split_arrow(text):
-    """Arrow strings -> (name: dictionary array, seq: int64 numpy (-1 where absent), sizes: dictionary array with
-    nulls where absent), the split of :func:`sql_columns` done by Arrow's string kernels.
-
-    Splits on fixed separators where they settle it (an op's name never holds ``", "``) and runs the exact
-    pattern only on the texts they do not: a literal split costs a third of a lazy regex."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    text = _valid_utf8(text)
-    name = pc.struct_field(pc.extract_regex(text, _NAME_RE), "name")
-    name = name.dictionary_encode()
-    seq = pc.struct_field(pc.extract_regex(text, _SEQ_RE), "seq")
-    seq = pc.fill_null(pc.cast(seq, pa.int64()), -1).to_numpy(zero_copy_only=False)
-    has = pc.greater_equal(pc.find_substring(text, ", sizes = "), 0)
-    if not pc.any(has).as_py():
-        sizes = pa.DictionaryArray.from_arrays(pa.nulls(len(text), pa.int32()), pa.array([], pa.string()))
-        return name, seq, sizes
-    after = pc.list_element(pc.split_pattern(pc.filter(text, has), ", sizes = ", max_splits=1), 1)
-    sub = pc.list_element(pc.split_pattern(after, ", input_op_ids = ", max_splits=1), 0).dictionary_encode()
-    idx = np.full(len(text), -1, np.int32)
-    idx[has.to_numpy(zero_copy_only=False)] = sub.indices.to_numpy(zero_copy_only=False)
-    sizes = pa.DictionaryArray.from_arrays(pa.array(idx, mask=idx < 0), sub.dictionary)
-    return name, seq, sizes
-
-
-def _valid_utf8(text):
-    """Text with invalid UTF-8 (a corrupted file) replaced: the regex kernels refuse it."""
-    import pyarrow as pa
-
-    try:
-        text.validate(full=True)
-        return text
-    except pa.ArrowInvalid:
-        return pa.array([None if t is None else t.decode("utf-8", "replace")
-                         for t in text.cast(pa.binary()).to_pylist()], pa.string())
-
-
-def categorical(chunks):
-    """Dictionary-encoded Arrow chunks -> one pandas Categorical (null -> missing)."""
-    import pandas as pd
-    import pyarrow as pa
-
-    if not chunks:
-        return pd.Categorical([])
-    unified = pa.chunked_array(chunks).unify_dictionaries()
-    dictionary = unified.chunk(0).dictionary if unified.num_chunks else pa.array([], pa.string())
-    codes = np.concatenate([c.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-                            for c in unified.chunks]) if unified.num_chunks else np.zeros(0, np.int64)
-    return pd.Categorical.from_codes(codes, categories=pd.Index(dictionary.to_pylist(), dtype=object))
-
-
 def first_line(exc, limit: int = 200) -> str:
     text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     return text[:limit]

@@ -1,11 +1,14 @@
 """Read an ``nsys export --type sqlite`` file: NVTX ranges, kernels, and each kernel's launch, set-wise.
 
-The bulk tables are read as Arrow record batches through the ADBC SQLite driver, a batch at a time, so no Python
-object is made per row: marker texts are split by Arrow's string kernels and dictionary-encoded (a profile has
-hundreds of op names and a few thousand argument sizes among millions of ranges), and the text is dropped batch
-by batch, so memory is a few numeric columns per row. (Measured against DuckDB's SQLite scanner on the same
-2,000,000-range export: ADBC read it in 0.8 s of CPU against 1.3 s, and needs no extension fetched at run time,
-which DuckDB's scanner does; see ``benchmarks/nvtx_parse.py``.) Small metadata queries go through ``sqlite3``.
+The bulk tables are read as Arrow record batches through the ADBC SQLite driver (sqlarrow.py), a batch at a time,
+so no Python object is made per row. Marker texts are split by a vectorised scan (arrowsplit.py) and
+dictionary-encoded (a profile has hundreds of op names and a few thousand argument sizes among millions of
+ranges), and the text is dropped batch by batch, so memory is a few numeric columns per row. (Measured against
+DuckDB's SQLite scanner on the same 2,000,000-range export: ADBC read it in 0.8 s of CPU against 1.3 s, and needs
+no extension fetched at run time, which DuckDB's scanner does; see ``benchmarks/nvtx_parse.py``.) The kernels and
+their launches (launches.py) are read on a second thread while the ranges are read and split: SQLite stepping,
+Arrow's kernels and numpy release the GIL, so two cores read the file at once. Small metadata queries go through
+``sqlite3``.
 
 The file is opened read-only. Without a ``-wal`` beside it, with ``immutable=1`` (fixtures may live on read-only
 storage, and a profile is never modified); with one, without it, so that SQLite reads the rows committed in the
@@ -14,16 +17,12 @@ says so.
 
 Malformed values (a NULL or non-integer time or thread, an end before its start or equal to it, a marker text
 over 1 MiB or not text at all) are skipped and counted in ``Profile.skipped``, which the analysis reports.
-
-Nsight's serialized GlobalId packs the process id in bits 24..47 and the thread id in bits 0..23, so the process
-of a thread is ``globalTid >> 24`` and a kernel's ``globalPid`` has the same upper bits as its launching thread.
-A kernel is joined to its launch by ``correlationId`` AND process: correlation ids are only unique per process,
-and a multi-process capture (one rank per GPU) repeats them.
 """
 from __future__ import annotations
 
 import os
 import sqlite3
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from urllib.parse import quote
@@ -31,8 +30,10 @@ from urllib.parse import quote
 import numpy as np
 import pandas as pd
 
-from . import files, markers
+from . import arrowsplit, files
 from .files import ProfileError
+from .launches import join_launches, read_kernels  # noqa: F401  (join_launches: part of this module's API)
+from .sqlarrow import EXTRA, Growing, arrow, as_int64, as_text, batches, count, ints, row_bound  # noqa: F401
 
 REQUIRED_TABLES = ("StringIds", "NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME",
                    "META_DATA_EXPORT")
@@ -40,8 +41,6 @@ REQUIRED_TABLES = ("StringIds", "NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_KERNEL", "CU
 _PUSH_POP, _START_END = 59, 60
 _OLDEST_SCHEMA_MAJOR = 3  # the export schema whose column names this reader uses
 MAX_TEXT = 1 << 20  # longer marker texts are skipped: no op's marker comes near it
-_BATCH_ROWS = 1 << 18
-EXTRA = "profiles"
 __all__ = ["Profile", "ProfileError", "load", "check_schema"]
 
 
@@ -159,219 +158,116 @@ def _event_type_ids(con, path: str):
     return push, start
 
 
-def arrow():
-    """(pyarrow, pyarrow.compute, adbc dbapi), or one line naming the extra that provides them."""
-    try:
-        import adbc_driver_sqlite.dbapi as adbc
-        import pyarrow as pa
-        import pyarrow.compute as pc
-    except ImportError as exc:
-        raise ProfileError(f"reading profiles needs pyarrow and adbc-driver-sqlite ({exc.name} is missing): "
-                           f"pip install 'flopcount[{EXTRA}]'") from None
-    return pa, pc, adbc
-
-
-def as_int64(col):
-    """An Arrow column as int64 with NULL for every value that is not an integer: SQLite columns take any type,
-    and the driver widens a column that mixes them (to text, or a real)."""
+def _range_batch(b):
+    """One record batch of ranges -> (numpy columns and split markers, what it skipped)."""
     pa, pc, _ = arrow()
-    t = col.type
-    if pa.types.is_integer(t):
-        return col.cast(pa.int64())
-    if pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t):
-        col = markers._valid_utf8(col.cast(pa.binary()).cast(pa.string(), safe=False)) if pa.types.is_binary(t) else col
-        ok = pc.match_substring_regex(col, r"^-?[0-9]{1,18}$")
-        return pc.cast(pc.if_else(ok, col, pa.scalar(None, pa.string())), pa.int64())
-    return pa.nulls(len(col), pa.int64())  # NULL, or reals: no time or id is a fraction
+    skipped: dict = {}
+    (s, ok_s), (e, ok_e), (tid, ok_t) = (ints(b.column(i)) for i in range(3))
+    txt = as_text(b.column(3))
+    keep = np.ones(len(s), bool)
+    for ok in (ok_s, ok_e, ok_t):
+        if ok is not None:
+            keep &= ok
+    count(skipped, "NULL or non-integer start, end or thread", len(s) - int(keep.sum()))
+    lengths = pc.binary_length(txt)
+    if len(txt) and (pc.max(lengths).as_py() or 0) > MAX_TEXT:
+        big = pc.greater(lengths, MAX_TEXT).to_numpy(zero_copy_only=False)
+        count(skipped, f"marker text over {MAX_TEXT:,} bytes", (keep & big).sum())
+        keep &= ~big
+    count(skipped, "range with end == start (a zero-length range cannot enclose anything)", (keep & (e == s)).sum())
+    count(skipped, "range with end before start", (keep & (e < s)).sum())
+    keep &= e > s
+    if not keep.all():
+        s, e, tid = s[keep], e[keep], tid[keep]
+        txt = pc.filter(txt, pa.array(keep))
+    names, seq, sizes = arrowsplit.split_arrow(txt)
+    return {"start": s, "end": e, "tid": tid, "seq": seq, "name": names, "sizes": sizes}, skipped
 
 
-def as_text(col):
-    pa, _, _ = arrow()
-    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
-        return col.cast(pa.string())
-    if pa.types.is_null(col.type):
-        return pa.nulls(len(col), pa.string())
-    return markers._valid_utf8(col.cast(pa.binary()).cast(pa.string(), safe=False))
-
-
-def _batches(uri: str, sql: str, path: str):
-    """Record batches of ``sql``; SQLite errors mid-read (a truncated file) become one line."""
-    pa, _, adbc = arrow()
-    try:
-        con = adbc.connect(uri)
-    except Exception as exc:
-        raise ProfileError(f"{path}: unreadable SQLite file ({markers.first_line(exc)})") from None
-    try:
-        cur = con.cursor()
-        try:
-            cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(_BATCH_ROWS)})
-        except Exception:
-            pass  # an older driver: its default batch size
-        try:
-            _execute_when_unlocked(cur, sql)
-            reader = cur.fetch_record_batch()
-            for batch in reader:
-                yield batch
-        except ProfileError:
-            raise
-        except Exception as exc:
-            raise ProfileError(f"{path}: corrupt or truncated SQLite file ({markers.first_line(exc)})") from None
-        finally:
-            cur.close()
-    finally:
-        con.close()
-
-
-def _execute_when_unlocked(cur, sql: str, wait_s: float = 5.0) -> None:
-    """Run ``sql``, waiting while another connection briefly holds the file (a writer checkpointing its WAL): the
-    driver has no busy timeout of its own and would fail at once with "database is locked"."""
-    import time
-
-    deadline = time.monotonic() + wait_s
-    delay = 0.005
-    while True:
-        try:
-            cur.execute(sql)
-            return
-        except Exception as exc:
-            if "locked" not in str(exc) and "busy" not in str(exc).lower() or time.monotonic() > deadline:
-                raise
-            time.sleep(delay)
-            delay = min(delay * 2, 0.2)
-
-
-def _count(skipped: dict, reason: str, n: int) -> None:
-    if n:
-        skipped[reason] = skipped.get(reason, 0) + int(n)
-
-
-def _read_ranges(uri, path, con, push, skipped, where="1"):
-    pa, pc, _ = arrow()
+def _read_ranges(uri, path, con, push, skipped, where: str = "1"):
     cols = _columns(con, "NVTX_EVENTS", path)
     # Range text is inline (`text`) or a registered string (`textId` -> StringIds); either may be absent.
     text = "COALESCE(n.text, s.value)" if {"text", "textId"} <= cols else ("n.text" if "text" in cols else "s.value")
     join = "LEFT JOIN StringIds s ON s.id = n.textId" if "textId" in cols else ""
     sql = (f"SELECT n.start, n.end, n.globalTid, COALESCE({text}, '') FROM NVTX_EVENTS n {join} "
-           f"WHERE n.eventType IN ({','.join(map(str, push))}) AND n.end IS NOT NULL AND {where}")
-    parts = {k: [] for k in ("start", "end", "tid")}
-    splits = []
-    pool = ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1)))
-    for b in _batches(uri, sql, path):
-        start, end, tid = (as_int64(b.column(i)) for i in range(3))
-        txt = as_text(b.column(3))
-        ok = pc.and_kleene(pc.and_kleene(pc.is_valid(start), pc.is_valid(end)), pc.is_valid(tid))
-        _count(skipped, "NULL or non-integer start, end or thread", len(b) - (pc.sum(ok).as_py() or 0))
-        big = pc.greater(pc.binary_length(txt), MAX_TEXT)
-        n_big = pc.sum(pc.and_kleene(ok, big)).as_py() or 0
-        _count(skipped, f"marker text over {MAX_TEXT:,} bytes", n_big)
-        ok = pc.and_kleene(ok, pc.invert(big))
-        if not pc.all(ok).as_py():
-            start, end, tid, txt = (pc.filter(c, ok) for c in (start, end, tid, txt))
-        s, e = start.to_numpy(zero_copy_only=False), end.to_numpy(zero_copy_only=False)
-        good = e > s
-        _count(skipped, "range with end == start (a zero-length range cannot enclose anything)", (e == s).sum())
-        _count(skipped, "range with end before start", (e < s).sum())
-        if not good.all():
-            mask = pa.array(good)
-            start, end, tid, txt = (pc.filter(c, mask) for c in (start, end, tid, txt))
-            s, e = s[good], e[good]
-        splits.append(pool.submit(markers.split_arrow, txt))
-        parts["start"].append(s)
-        parts["end"].append(e)
-        parts["tid"].append(tid.to_numpy(zero_copy_only=False))
-    pool.shutdown(wait=True)
-    done = [f.result() for f in splits]
-    names, seqs, sizes = [d[0] for d in done], [d[1] for d in done], [d[2] for d in done]
-    parts["seq"] = seqs
-    cat = {k: (np.concatenate(v) if v else np.zeros(0, np.int64)) for k, v in parts.items()}
-    frame = pd.DataFrame({"start": cat["start"].astype(np.int64), "end": cat["end"].astype(np.int64),
-                          "tid": cat["tid"].astype(np.int64), "name": markers.categorical(names),
-                          "seq": cat["seq"].astype(np.int64), "sizes": markers.categorical(sizes)})
-    return sort_ranges(frame)
+           f"WHERE n.eventType IN ({','.join(map(str, push))}) AND n.end IS NOT NULL AND ({where})")
+    out = Growing([np.int64, np.int64, np.int64, np.int32, np.int32, np.int32],
+                  row_bound(uri, "NVTX_EVENTS", os.path.getsize(path)))
+    names, sizes = arrowsplit.Dictionary(), arrowsplit.Dictionary()
+    threads: dict = {}
+
+    def keep(result):
+        d, sk = result
+        for reason, n in sk.items():
+            count(skipped, reason, n)
+        codes, uniq = pd.factorize(d["tid"])
+        thread = np.array([threads.setdefault(int(t), len(threads)) for t in uniq], np.int32)
+        out.append(d["start"], d["end"], d["seq"], thread[codes] if len(codes) else codes.astype(np.int32),
+                   names.codes(*d["name"]), sizes.codes(*d["sizes"]))
+
+    # a batch is split while the next one is read (SQLite, numpy and Arrow's kernels release the GIL); at most
+    # two wait, so the texts held stay a few batches whatever the file's size
+    pending = deque()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        for b in batches(uri, sql, path):
+            if len(pending) >= 2:
+                keep(pending.popleft().result())
+            pending.append(pool.submit(_range_batch, b))
+        while pending:
+            keep(pending.popleft().result())
+    start, end, seq, thread, name, size = out.columns()
+    values = np.array(sorted(threads), np.int64)
+    rank = np.empty(len(values), np.int32)
+    rank[[threads[int(v)] for v in values]] = np.arange(len(values), dtype=np.int32)
+    order, tid = _thread_order(start, end, rank[thread] if len(values) else thread, values)
+    if order is not None:
+        start, end, seq, name, size = (c[order] for c in (start, end, seq, name, size))
+    return pd.DataFrame({"start": start, "end": end, "tid": tid,
+                         "name": pd.Categorical.from_codes(name, categories=names.categories()),
+                         "seq": seq, "sizes": pd.Categorical.from_codes(size, categories=sizes.categories())},
+                        copy=False)
+
+
+def _thread_order(start, end, rank, values):
+    """(permutation to (tid, start, -end) order or None, tid per row in that order) of ranges read in file order,
+    ``rank`` the row's thread's place among the sorted thread ids ``values``.
+
+    An export lists ranges in time order, threads interleaved: a stable counting sort of the thread ranks keeps
+    that order within each thread, far cheaper than sorting times; a full sort is the fallback."""
+    n = len(start)
+    if n > 1 and (start[1:] >= start[:-1]).all():
+        if len(values) == 1:
+            order, tid = None, np.full(n, values[0], np.int64)
+        else:
+            order = np.argsort(rank.astype(np.int16) if len(values) < 1 << 15 else rank, kind="stable")
+            tid = np.repeat(values, np.bincount(rank, minlength=len(values)))
+        s, e = (start, end) if order is None else (start[order], end[order])
+        if not ((tid[1:] == tid[:-1]) & (s[1:] == s[:-1]) & (e[1:] > e[:-1])).any():
+            return order, tid
+    tids = values[rank] if len(values) else np.zeros(n, np.int64)
+    order = np.lexsort((-end, start, tids))
+    return order, tids[order]
+
+
+def range_order(start: np.ndarray, end: np.ndarray, tid: np.ndarray):
+    """The permutation that orders ranges by (tid, start, -end), or None where they are in that order already."""
+    if len(start) < 2:
+        return None
+    values, rank = np.unique(tid, return_inverse=True) if len(tid) < 1 << 16 else _ranks(tid)
+    order, _ = _thread_order(start, end, rank.astype(np.int32), values)
+    return order
+
+
+def _ranks(tid):
+    codes, uniq = pd.factorize(tid, sort=True)
+    return np.asarray(uniq, np.int64), codes
 
 
 def sort_ranges(frame: pd.DataFrame) -> pd.DataFrame:
-    """Ranges ordered by (tid, start, -end), the order the range trees need; cheap when (as in an export) they
-    already come in time order."""
-    tid = frame["tid"].to_numpy()
-    start = frame["start"].to_numpy()
-    end = frame["end"].to_numpy()
-    if len(frame) < 2:
-        return frame.reset_index(drop=True)
-    same = (np.diff(tid) == 0) & (np.diff(start) == 0)
-    if (np.diff(start) >= 0).all() and not (same & (np.diff(end) > 0)).any():
-        codes, _ = pd.factorize(tid, sort=True)
-        order = np.argsort(codes.astype(np.int32), kind="stable")
-    else:
-        order = np.lexsort((-end, start, tid))
-    return frame.take(order).reset_index(drop=True)
-
-
-def _read_kernels(uri, path, skipped):
-    kparts = {k: [] for k in ("start", "end", "corr", "pid", "name")}
-    for b in _batches(uri, "SELECT start, end, correlationId, globalPid, demangledName FROM CUPTI_ACTIVITY_KIND_KERNEL",
-                      path):
-        cols = [as_int64(b.column(i)).to_numpy(zero_copy_only=False) for i in range(5)]
-        s, e = cols[0], cols[1]
-        ok = ~(pd.isna(s) | pd.isna(e))
-        _count(skipped, "kernel with NULL or non-integer start or end", (~ok).sum())
-        for k, c in zip(kparts, cols):
-            kparts[k].append(c[ok])
-    k = {n: (np.concatenate(v) if v else np.zeros(0)) for n, v in kparts.items()}
-    rparts = {n: [] for n in ("corr", "tid", "start")}
-    for b in _batches(uri, "SELECT correlationId, globalTid, start FROM CUPTI_ACTIVITY_KIND_RUNTIME "
-                           "WHERE correlationId IS NOT NULL", path):
-        cols = [as_int64(b.column(i)).to_numpy(zero_copy_only=False) for i in range(3)]
-        ok = ~(pd.isna(cols[0]) | pd.isna(cols[1]) | pd.isna(cols[2]))
-        for n, c in zip(rparts, cols):
-            rparts[n].append(c[ok].astype(np.int64))
-    r = {n: (np.concatenate(v) if v else np.zeros(0, np.int64)) for n, v in rparts.items()}
-    launch_tid, launch_start = join_launches(k["corr"], k["pid"], r["corr"], r["tid"], r["start"])
-    name_ids = np.nan_to_num(k["name"].astype(np.float64), nan=-1).astype(np.int64)
-    codes, uniq = pd.factorize(name_ids)
-    strings = {}
-    ids = [int(u) for u in uniq if u >= 0]
-    con = sqlite3.connect(uri, uri=True, check_same_thread=False)
-    con.text_factory = lambda b: b.decode("utf-8", "replace")
-    for i in range(0, len(ids), 500):
-        chunk = ids[i:i + 500]
-        strings.update(_query(con, f"SELECT id, CAST(substr(value, 1, 4096) AS TEXT) FROM StringIds WHERE id IN "
-                                   f"({','.join('?' * len(chunk))})", path, chunk))
-    con.close()
-    labels = np.array([str(strings.get(int(u), "")) for u in uniq], dtype=object)
-    label_codes, label_uniq = pd.factorize(labels)  # two ids may hold one string
-    names = pd.Series(pd.Categorical.from_codes(label_codes[codes] if len(codes) else np.zeros(0, np.int64),
-                                                categories=pd.Index(label_uniq, dtype=object)))
-    return pd.DataFrame({"start": k["start"].astype(np.int64), "end": k["end"].astype(np.int64),
-                         "launch_tid": launch_tid, "launch_start": launch_start,
-                         "name": names})
-
-
-def join_launches(corr, pid, r_corr, r_tid, r_start):
-    """(launch_tid, launch_start) per kernel: its runtime call of the same correlationId and process, or -1."""
-    n = len(corr)
-    tid = np.full(n, -1, np.int64)
-    start = np.full(n, -1, np.int64)
-    if n == 0 or len(r_corr) == 0:
-        return tid, start
-    kc = np.nan_to_num(np.asarray(corr, np.float64), nan=-1).astype(np.int64)
-    kp = np.nan_to_num(np.asarray(pid, np.float64), nan=-1).astype(np.int64) >> 24
-    rp = r_tid >> 24
-    if max(kc.max(), r_corr.max()) < 1 << 32 and min(kc.min(), r_corr.min()) >= -1 and \
-            max(kp.max(), rp.max()) < 1 << 30 and min(kp.min(), rp.min()) >= -1:
-        # one int64 key: (process, correlationId) packed, hashed once
-        keys_r = pd.Index((rp << 32) | (r_corr & 0xFFFFFFFF))
-        keys_k = (kp << 32) | (kc & 0xFFFFFFFF)
-    else:
-        keys_r = pd.MultiIndex.from_arrays([rp, r_corr])
-        keys_k = pd.MultiIndex.from_arrays([kp, kc])
-    # one launch per (process, correlationId); a duplicate would charge a kernel twice
-    first = ~keys_r.duplicated(keep="first")
-    pos = keys_r[first].get_indexer(keys_k)
-    hit = (pos >= 0) & (kc >= 0)
-    tid[hit] = r_tid[first][pos[hit]]
-    start[hit] = r_start[first][pos[hit]]
-    return tid, start
+    """Ranges ordered by (tid, start, -end), the order the range trees need."""
+    order = range_order(frame["start"].to_numpy(np.int64), frame["end"].to_numpy(np.int64),
+                        frame["tid"].to_numpy(np.int64))
+    return frame.reset_index(drop=True) if order is None else frame.take(order).reset_index(drop=True)
 
 
 def load(path) -> Profile:
@@ -386,16 +282,25 @@ def load(path) -> Profile:
         from .annotations import domain_filter  # flopcount.nvtx's ranges nest apart from emit_nvtx's
 
         not_annotation, n_annotation = domain_filter(con, path)
-        # kernels and launches are read beside the ranges (SQLite and Arrow's kernels release the GIL)
         kskipped: dict = {}
-        with ThreadPoolExecutor(max_workers=1) as side:
-            kfuture = side.submit(_read_kernels, uri, path, kskipped)
+
+        def side():
+            kernels = read_kernels(uri, path, kskipped, lambda ids: _strings(uri, path, ids),
+                                   lambda table: row_bound(uri, table, os.path.getsize(path)))
+            side_con = _side_connection(uri)
+            try:  # a full scan of the table, for one note: on this thread, beside the ranges
+                n = _query(side_con, "SELECT count(*) FROM NVTX_EVENTS WHERE eventType IN "
+                                     f"({','.join(map(str, start_end))})", path)[0][0]
+            finally:
+                side_con.close()
+            return kernels, n
+
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            kfuture = pool.submit(side)
             ranges = _read_ranges(uri, path, con, push, skipped, not_annotation)
-            kernels = kfuture.result()
+            kernels, n_start_end = kfuture.result()
         for reason, n in kskipped.items():
-            _count(skipped, reason, n)
-        n_start_end = _query(con, "SELECT count(*) FROM NVTX_EVENTS WHERE eventType IN "
-                                  f"({','.join(map(str, start_end))})", path)[0][0]
+            count(skipped, reason, n)
         if ranges.empty and not n_annotation:
             why = "; ".join(f"{n:,} {r}" for r, n in skipped.items())
             raise ProfileError(f"{path}: NVTX_EVENTS holds no usable push/pop ranges" +
@@ -406,3 +311,23 @@ def load(path) -> Profile:
     return Profile(path=path, ranges=ranges, kernels=kernels, schema_version=str(meta.get("EXPORT_SCHEMA_VERSION", "")),
                    product_version=str(meta.get("EXPORT_PRODUCT_VERSION", "")), start_end_ranges=int(n_start_end or 0),
                    skipped=skipped, notes=notes)
+
+
+def _side_connection(uri: str) -> sqlite3.Connection:
+    con = sqlite3.connect(uri, uri=True, check_same_thread=False)
+    con.text_factory = lambda b: b.decode("utf-8", "replace")
+    return con
+
+
+def _strings(uri, path, ids) -> dict:
+    """StringIds' {id: text} of ``ids`` (the first 4096 characters: kernel names, whose templates can run long)."""
+    con = _side_connection(uri)
+    out = {}
+    try:
+        for i in range(0, len(ids), 500):
+            chunk = ids[i:i + 500]
+            out.update(_query(con, f"SELECT id, CAST(substr(value, 1, 4096) AS TEXT) FROM StringIds WHERE id IN "
+                                   f"({','.join('?' * len(chunk))})", path, chunk))
+    finally:
+        con.close()
+    return out

@@ -69,24 +69,70 @@ def integer_only(types) -> bool:
 
 def group_codes(cols):
     """(code per row, first row of each code) of the distinct tuples of integer columns, without a Python tuple
-    per row: the codes are combined column by column and re-densified."""
+    per row: the columns are packed into one integer key (mixed radix) and hashed once, or, where the key would
+    not fit in 63 bits, combined column by column and re-densified."""
     n = len(cols[0]) if cols else 0
-    code = np.zeros(n, dtype=np.int64)
-    for c in cols:
-        cc, uc = pd.factorize(np.asarray(c))
-        code, _ = pd.factorize(code * max(len(uc), 1) + cc)
-    _, firsts = np.unique(code, return_index=True)
-    return code, firsts
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    lows = [int(c.min()) for c in cols]
+    spans = [int(c.max()) - low + 1 for c, low in zip(cols, lows)]
+    size = 1
+    for span in spans:
+        size *= span
+    if size < 1 << 62:
+        key = np.zeros(n, np.int64)
+        for c, low, span in zip(cols, lows, spans):
+            key *= span
+            key += c
+            key -= low
+        code, _ = pd.factorize(key)
+    else:
+        code = np.zeros(n, dtype=np.int64)
+        for c in cols:
+            cc, uc = pd.factorize(c)
+            code, _ = pd.factorize(code * max(len(uc), 1) + cc)
+    # factorize numbers codes by first appearance: a code's first row is where the running maximum grows
+    code = code.astype(np.int64)
+    grows = np.empty(n, bool)
+    grows[0] = True
+    grows[1:] = code[1:] > np.maximum.accumulate(code)[:-1]
+    return code, np.flatnonzero(grows)
 
 
-def op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, int_k, float_k, fmt, notes):
+def find(keys: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """Position of each key in ``table`` (sorted, distinct), -1 where absent: through a dense array where the
+    table's values are dense (sequence numbers are), else a binary search."""
+    keys = np.asarray(keys, np.int64)
+    pos = np.full(len(keys), -1, np.int64)
+    if len(table) == 0 or len(keys) == 0:
+        return pos
+    low, high = int(table[0]), int(table[-1])
+    if high - low < 4 * (len(table) + len(keys)) + (1 << 20):
+        dense = np.full(high - low + 1, -1, np.int64)
+        dense[table - low] = np.arange(len(table))
+        inside = (keys >= low) & (keys <= high)
+        return np.where(inside, dense[np.where(inside, keys - low, 0)], -1)
+    at = np.minimum(np.searchsorted(table, keys), len(table) - 1)
+    hit = table[at] == keys
+    pos[hit] = at[hit]
+    return pos
+
+
+def take(values: np.ndarray, pos: np.ndarray, missing: int = -1) -> np.ndarray:
+    """``values[pos]``, ``missing`` where pos is -1."""
+    if len(values) == 0:
+        return np.full(len(pos), missing, np.int64)
+    return np.where(pos >= 0, values[np.maximum(pos, 0)], missing)
+
+
+def op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, fmt, notes, by_level=None):
     """(flops (-1 where not derived), reason, status code) per range, and the set of (op, reason) failures."""
     n = len(r)
-    sc = r["sizes"].cat.codes.to_numpy().astype(np.int64)
+    sc = r["sizes"].cat.codes.to_numpy().astype(np.int32)
     size_texts = np.asarray(r["sizes"].cat.categories, dtype=object)
     start = r["start"].to_numpy(np.int64)
     flops = np.full(n, -1, dtype=np.int64)
-    reason_code = np.full(n, -1, dtype=np.int64)
+    reason_code = np.full(n, -1, dtype=np.int16)
     reasons = []
     is_fwd = phase == 0
 
@@ -114,14 +160,6 @@ def op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, int_k, 
     new_pass[:1] = True
     first_seqs = np.unique(seq[fwd_by_t[new_pass]])
 
-    def lookup(keys, table_keys, values, missing=-1):
-        pos = np.searchsorted(table_keys, keys)
-        pos = np.minimum(pos, max(len(table_keys) - 1, 0))
-        hit = (len(table_keys) > 0) & (table_keys[pos] == keys) if len(table_keys) else np.zeros(len(keys), bool)
-        out = np.full(len(keys), missing, dtype=np.int64)
-        out[hit] = values[pos[hit]]
-        return out
-
     rows = np.flatnonzero(formula & (sc >= 0))
     no_sizes = np.flatnonzero(formula & (sc < 0))
     reasons.append("no sizes in marker")
@@ -130,14 +168,19 @@ def op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, int_k, 
     fw = is_fwd[rows]
     opt = phase[rows] == 2
     # forward: linked where this op created a backward node that has sizes
-    created = lookup(s, cre_seq, creator)
-    linked = fw & (s >= 0) & (created == rows) & (lookup(s, node_seq, np.ones(len(node_seq), np.int64), 0) == 1)
-    out = np.where(linked, lookup(s, node_seq, node_sizes), -1)
+    at_node = find(s, node_seq)
+    linked = fw & (s >= 0) & (take(creator, find(s, cre_seq)) == rows) & (at_node >= 0)
+    out = np.where(linked, take(node_sizes, at_node), -1)
+    del at_node
     # backward: the forward op of the enclosing node (its bias; whether it was the step's first op)
-    node_of = ancestors_fill(parent, depth, np.where(node, np.arange(n), -1))
     bw = ~fw & ~opt
-    ns = np.where(bw & (node_of[rows] >= 0), seq[np.maximum(node_of[rows], 0)], -1)
-    fwd_row = lookup(ns, cre_seq, creator)
+    ns = np.full(len(rows), -1, np.int64)
+    if bw.any() and len(nodes):
+        node_of = ancestors_fill(parent, depth, np.where(node, np.arange(n, dtype=parent.dtype), -1).astype(
+            parent.dtype), by_level)[rows]
+        ns = np.where(bw & (node_of >= 0), seq[np.maximum(node_of, 0)], -1)
+        del node_of
+    fwd_row = take(creator, find(ns, cre_seq))
     has_bias_by_code = {}
 
     def bias_of(code):
@@ -148,9 +191,9 @@ def op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, int_k, 
         return has_bias_by_code[code]
 
     fwd_code = np.where(fwd_row >= 0, sc[np.maximum(fwd_row, 0)], -1)
-    uniq_codes = np.unique(fwd_code[fwd_row >= 0])
+    uniq_codes = np.flatnonzero(np.bincount(fwd_code[fwd_row >= 0], minlength=len(size_texts)))
     bias_table = np.array([bias_of(int(c)) for c in uniq_codes], dtype=np.int64)
-    has_bias = np.where(fwd_row >= 0, lookup(fwd_code, uniq_codes, bias_table, 0), -1)
+    has_bias = np.where(fwd_row >= 0, take(bias_table, find(fwd_code, uniq_codes), 0), -1)
     needs = ~np.isin(ns, first_seqs)
     kind = np.where(fw, 0, np.where(opt, 2, 1))
     cols = [name_codes[rows], sc[rows], np.where(fw, out, -1), np.where(fw, linked, 0).astype(np.int64),
@@ -190,15 +233,12 @@ def op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, int_k, 
     flops[rows] = values[codes]
     reason_code[rows] = why[codes]
 
-    # integer work is not floating-point work: an op whose kernels all name integer element types counts 0
-    int_only = (int_k > 0) & (float_k == 0)
-    flops[int_only & (flops > 0)] = 0
     status = np.zeros(n, dtype=np.int8)
     status[is_op & formula] = np.where(flops[is_op & formula] >= 0, _COUNTED, _UNCOUNTED)
     status[is_op & ~formula & zero] = _ZERO
     status[is_op & ~formula & ~zero] = _UNCOUNTED
 
-    op_names = set(np.asarray(name_cats, dtype=object)[np.unique(name_codes[is_op])].tolist()) if n else set()
+    op_names = set(np.asarray(name_cats, dtype=object)[np.flatnonzero(np.bincount(name_codes[is_op], minlength=len(name_cats)))].tolist()) if n else set()
     if any(markers.packet(x).startswith("aten.max_pool") for x in op_names):
         notes.append(POOL_NOTE)
     if fmt == "nvtx" and any(formulas.op_family(markers.packet(x)) == "attention" for x in op_names):

@@ -1,12 +1,17 @@
 """Range trees: depth and parent of every push/pop range, and the innermost range enclosing a time point.
 
-Push/pop ranges on one thread nest properly, so two ranges at the same depth of one thread never overlap. That
-gives set-wise algorithms with one loop per thread and per depth level (tens), never per range:
+Push/pop ranges on one thread nest properly. Sorted by (tid, start, -end), a range's ancestors all come before
+it, which gives set-wise algorithms with one loop per thread or per depth level (tens), never per range:
 
-* depth of a range = ranges started before it (in (start, -end) order) minus ranges ended by its start;
-* the range enclosing time t at depth d is the last range of depth d starting at or before t, if it has not
-  ended (a binary search in the sorted starts of that depth level);
-* the innermost enclosing range is the deepest level that has one.
+* depth of a range = ranges of its thread started before it (in (start, -end) order) minus those ended by its
+  start;
+* the parent of a range at depth d is the last range of depth d - 1 before it in that order (any range between
+  the two starts inside the parent, so is deeper);
+* the innermost range enclosing time t on a thread is the last range of that thread starting at or before t,
+  if it has not ended, else its nearest ancestor that has not (a range enclosing t that starts earlier overlaps
+  that last one, so encloses it).
+
+Sorts here are stable: numpy's default sort is many times slower on the nearly ordered arrays profiles give.
 """
 from __future__ import annotations
 
@@ -18,10 +23,24 @@ def _thread_slices(tids: np.ndarray):
     """(tid, lo, hi) of each run of equal thread ids in an array sorted by thread."""
     if len(tids) == 0:
         return []
-    cut = np.flatnonzero(np.diff(tids)) + 1
+    cut = np.flatnonzero(tids[1:] != tids[:-1]) + 1
     lo = np.concatenate(([0], cut))
     hi = np.concatenate((cut, [len(tids)]))
     return [(int(tids[a]), int(a), int(b)) for a, b in zip(lo, hi)]
+
+
+def index_dtype(n: int):
+    """The narrowest integer type for row indices of ``n`` rows (and -1)."""
+    return np.int32 if n < 1 << 31 else np.int64
+
+
+def levels(depth: np.ndarray) -> list:
+    """Row indices of each depth level, ascending (one stable counting sort, reused by every level loop)."""
+    if len(depth) == 0:
+        return []
+    order = np.argsort(depth.astype(np.int16 if depth.max() < 1 << 15 else np.int64), kind="stable")
+    bounds = np.searchsorted(depth[order], np.arange(int(depth.max()) + 2))
+    return [order[bounds[d]:bounds[d + 1]] for d in range(len(bounds) - 1)]
 
 
 def nest(ranges: pd.DataFrame) -> pd.DataFrame:
@@ -30,29 +49,34 @@ def nest(ranges: pd.DataFrame) -> pd.DataFrame:
     depth, parent = nest_arrays(ranges["start"].to_numpy(np.int64), ranges["end"].to_numpy(np.int64),
                                 ranges["tid"].to_numpy(np.int64))
     out = ranges.copy()
-    out["depth"] = depth
-    out["parent"] = parent
+    out["depth"] = depth.astype(np.int64)
+    out["parent"] = parent.astype(np.int64)
     return out
 
 
 def nest_arrays(start: np.ndarray, end: np.ndarray, tids: np.ndarray):
     """(depth, parent) of ranges sorted by (tid, start, -end)."""
-    depth = np.zeros(len(start), dtype=np.int64)
-    parent = np.full(len(start), -1, dtype=np.int64)
+    return nest_levels(start, end, tids)[:2]
+
+
+def nest_levels(start: np.ndarray, end: np.ndarray, tids: np.ndarray):
+    """(depth, parent, :func:`levels` of depth) of ranges sorted by (tid, start, -end); int32 where the row count
+    allows (every array here is one value per range: halving them halves the memory touched)."""
+    index = index_dtype(len(start))
+    depth = np.zeros(len(start), dtype=np.int32)
+    parent = np.full(len(start), -1, dtype=index)
     for _, lo, hi in _thread_slices(tids):
         s, e = start[lo:hi], end[lo:hi]
         # ends at or before each start; a zero-length range counts its own end, hence the correction
-        ended = np.searchsorted(np.sort(e), s, side="right") - (e <= s)
-        d = np.maximum(np.arange(hi - lo) - ended, 0)
-        depth[lo:hi] = d
-        for level in range(1, int(d.max()) + 1 if len(d) else 0):
-            child = np.flatnonzero(d == level)
-            up = np.flatnonzero(d == level - 1)
-            # the parent is the last range one level up that started at or before the child
-            pos = np.searchsorted(s[up], s[child], side="right") - 1
-            ok = pos >= 0
-            parent[lo + child[ok]] = lo + up[pos[ok]]
-    return depth, parent
+        ended = np.searchsorted(np.sort(e, kind="stable"), s, side="right") - (e <= s)
+        depth[lo:hi] = np.maximum(np.arange(hi - lo) - ended, 0)
+    by_level = levels(depth)
+    for d in range(1, len(by_level)):
+        up, child = by_level[d - 1], by_level[d]
+        pos = np.searchsorted(up, child) - 1
+        ok = pos >= 0
+        parent[child[ok]] = up[pos[ok]]
+    return depth, parent, by_level
 
 
 def innermost(ranges: pd.DataFrame, tid: np.ndarray, t: np.ndarray) -> np.ndarray:
@@ -65,47 +89,52 @@ def innermost(ranges: pd.DataFrame, tid: np.ndarray, t: np.ndarray) -> np.ndarra
         return result
     start = ranges["start"].to_numpy(np.int64)
     end = ranges["end"].to_numpy(np.int64)
-    depth = ranges["depth"].to_numpy(np.int64)
-    order = np.argsort(tid, kind="stable")
-    qt = tid[order]
-    for thread, lo, hi in _thread_slices(ranges["tid"].to_numpy(np.int64)):
-        qa, qb = np.searchsorted(qt, thread, "left"), np.searchsorted(qt, thread, "right")
-        if qa == qb:
+    parent = ranges["parent"].to_numpy()
+    slices = _thread_slices(ranges["tid"].to_numpy(np.int64))
+    for thread, lo, hi in slices:
+        every = len(slices) == 1 and (tid == thread).all()
+        q = slice(None) if every else np.flatnonzero(tid == thread)
+        if not every and not len(q):
             continue
-        q = order[qa:qb]
         times = t[q]
-        found = np.full(len(q), -1, dtype=np.int64)
-        d = depth[lo:hi]
-        for level in range(int(d.max()), -1, -1):  # deepest first; a found query keeps its deepest range
-            idx = lo + np.flatnonzero(d == level)
-            pos = np.searchsorted(start[idx], times, side="right") - 1
-            cand = idx[np.maximum(pos, 0)]
-            hit = (pos >= 0) & (end[cand] >= times) & (found < 0)
-            found[hit] = cand[hit]
-        result[q] = found
+        cand = lo + np.searchsorted(start[lo:hi], times, side="right") - 1
+        cand[cand < lo] = -1
+        # walk up from the last range started while it has ended (depth steps at most, mostly none)
+        open_ = np.flatnonzero(cand >= 0)
+        while len(open_):
+            c = cand[open_]
+            ended = end[c] < times[open_]
+            open_ = open_[ended]
+            cand[open_] = parent[c[ended]]
+            open_ = open_[cand[open_] >= 0]
+        result[q] = cand
     return result
 
 
-def ancestors_fill(parent: np.ndarray, depth: np.ndarray, own: np.ndarray) -> np.ndarray:
+def ancestors_fill(parent: np.ndarray, depth: np.ndarray, own: np.ndarray, by_level=None) -> np.ndarray:
     """For each range, the nearest ancestor-or-self ``i`` with ``own[i] >= 0`` (its value), else -1.
 
     ``own`` holds a value per range (e.g. its own index where it is an op, -1 elsewhere); values flow down the
     tree level by level."""
     out = own.copy()
-    for level in range(1, int(depth.max()) + 1 if len(depth) else 0):
-        idx = np.flatnonzero((depth == level) & (out < 0))
+    for idx in (levels(depth) if by_level is None else by_level)[1:]:
+        idx = idx[out[idx] < 0]
         p = parent[idx]
         ok = p >= 0
         out[idx[ok]] = out[p[ok]]
     return out
 
 
-def subtree_sum(parent: np.ndarray, depth: np.ndarray, values: np.ndarray) -> np.ndarray:
+def subtree_sum(parent: np.ndarray, depth: np.ndarray, values: np.ndarray, by_level=None) -> np.ndarray:
     """Sum of ``values`` over each range's subtree (itself and every descendant)."""
     out = values.astype(np.int64).copy()
-    for level in range(int(depth.max()) if len(depth) else 0, 0, -1):
-        idx = np.flatnonzero(depth == level)
-        p = parent[idx]
+    by_level = levels(depth) if by_level is None else by_level
+    for d in range(len(by_level) - 1, 0, -1):
+        up, child = by_level[d - 1], by_level[d]
+        p = parent[child]
         ok = p >= 0
-        np.add.at(out, p[ok], out[idx[ok]])
+        # a bincount adds repeated parents (np.add.at is many times slower); counts stay far below 2**53, so its
+        # float sum is exact
+        slot = np.searchsorted(up, p[ok])
+        out[up] += np.bincount(slot, weights=out[child[ok]], minlength=len(up)).astype(np.int64)
     return out

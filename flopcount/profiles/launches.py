@@ -1,0 +1,139 @@
+"""Kernels and the runtime calls that launched them, from an Nsight Systems SQLite export.
+
+A kernel is joined to its launch by ``correlationId`` AND process: correlation ids are only unique per process,
+and a multi-process capture (one rank per GPU) repeats them. Nsight's serialized GlobalId packs the process id in
+bits 24..47 and the thread id in bits 0..23, so the process of a thread is ``globalTid >> 24`` and a kernel's
+``globalPid`` has the same upper bits as its launching thread.
+
+CUPTI numbers correlation ids from 1 in each process, so the join goes through a table indexed by id (no hash, no
+sort) wherever the ids are that dense, and through a hash where they are not. Row positions are int32 where they
+fit: at tens of millions of kernels every array of the join is hundreds of megabytes, and touching fresh memory
+costs as much as the arithmetic.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .sqlarrow import count, read_table
+
+KERNEL_SQL = "SELECT start, end, correlationId, globalPid, demangledName FROM CUPTI_ACTIVITY_KIND_KERNEL"
+LAUNCH_SQL = "SELECT correlationId, globalTid, start FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE correlationId IS NOT NULL"
+
+
+def read_kernels(uri, path, skipped, strings_of, bound_of=lambda table: 0):
+    """Every kernel with its launching thread and launch time (-1 where its launch is not in the file) and its
+    name; ``strings_of(ids)`` gives StringIds' {id: text} for the name ids, ``bound_of(table)`` an upper bound on
+    a table's rows.
+
+    The launches are read first and indexed; each batch of kernels is then joined as it is read, so a kernel's
+    correlation id and process are never held for the whole table."""
+    rcols, rok = read_table(uri, LAUNCH_SQL, path, 3, bound_of("CUPTI_ACTIVITY_KIND_RUNTIME"))
+    if rcols and not rok.all():
+        rcols = [c[rok] for c in rcols]
+    index = LaunchIndex(*(rcols if rcols else [np.zeros(0, np.int64)] * 3))
+    del rcols, rok
+
+    def join(cols, ok):
+        start, end, corr, pid, name_id = cols
+        tid, at = index.find(np.where(ok, corr, -1), pid)
+        return [start, end, tid, at, name_id]
+
+    cols, ok = read_table(uri, KERNEL_SQL, path, 2, bound_of("CUPTI_ACTIVITY_KIND_KERNEL"), join)
+    count(skipped, "kernel with NULL or non-integer start or end", (~ok).sum())
+    if not cols:
+        cols = [np.zeros(0, np.int64)] * 5
+    if not ok.all():
+        cols = [c[ok] for c in cols]
+    start, end, launch_tid, launch_start, name_id = cols
+    codes, uniq = dense_codes(name_id)
+    strings = strings_of([int(u) for u in uniq if u >= 0])
+    labels = np.array([str(strings.get(int(u), "")) for u in uniq], dtype=object)
+    label_codes, label_uniq = pd.factorize(labels)  # two ids may hold one string
+    names = pd.Categorical.from_codes(label_codes[codes] if len(codes) else np.zeros(0, np.int64),
+                                      categories=pd.Index(label_uniq, dtype=object))
+    return pd.DataFrame({"start": start, "end": end, "launch_tid": launch_tid, "launch_start": launch_start,
+                         "name": names}, copy=False)
+
+
+def dense_codes(values: np.ndarray):
+    """(code per value, distinct values ascending) of small non-negative integers (string ids) through a table
+    instead of a hash; a hash where they are not small."""
+    if len(values) and values.min() >= -1 and values.max() < 4 * len(values) + (1 << 20):
+        present = np.zeros(int(values.max()) + 2, bool)
+        present[values + 1] = True
+        code_of = (np.cumsum(present) - 1).astype(np.int32)
+        return code_of[values + 1], np.flatnonzero(present) - 1
+    return pd.factorize(values)
+
+
+def join_launches(corr, pid, r_corr, r_tid, r_start):
+    """(launch_tid, launch_start) per kernel: its runtime call of the same correlationId and process, or -1.
+    ``corr`` and ``pid`` hold -1 where the kernel has none; of two launches with one (process, correlationId),
+    the first."""
+    return LaunchIndex(r_corr, r_tid, r_start).find(corr, pid)
+
+
+class LaunchIndex:
+    """The launches (runtime calls) of an export, looked up by (process, correlationId): through a table indexed by
+    (process slot, correlation id) wherever the ids are dense enough for one, else through a hash. Of two launches
+    with one key, the first."""
+
+    def __init__(self, corr, tid, start):
+        self.tid = np.asarray(tid, np.int64)
+        self.start = np.asarray(start, np.int64)
+        rc = np.asarray(corr, np.int64)
+        rp = self.tid >> 24
+        self.table = self.hash = None
+        if len(rc):
+            self.table = self._table(rp, rc)
+            if self.table is None:
+                self.hash = self._hash(rp, rc)
+
+    def _table(self, rp, rc):
+        if rc.min() < 0:
+            return None
+        self.procs = rp[:1] if (rp == rp[0]).all() else np.sort(pd.unique(rp))
+        self.span = int(rc.max()) + 1
+        if len(self.procs) > 64 or self.span * len(self.procs) > 4 * len(rc) + (1 << 20):
+            return None
+        idx = np.int32 if self.span * len(self.procs) < 1 << 31 and len(rc) < 1 << 31 else np.int64
+        rows = np.arange(len(rc), dtype=idx)
+        key = rc if len(self.procs) == 1 else np.searchsorted(self.procs, rp) * self.span + rc
+        table = np.full(self.span * len(self.procs), -1, idx)
+        table[key] = rows
+        if (table[key] != rows).any():
+            return None  # launched twice: which one a table keeps is not defined; the hash keeps the first
+        return table
+
+    def _hash(self, rp, rc):
+        self.packed = max(rc.max(), 0) < 1 << 32 and rc.min() >= -1 and rp.max() < 1 << 30 and rp.min() >= -1
+        keys = pd.Index((rp << 32) | (rc & 0xFFFFFFFF)) if self.packed else pd.MultiIndex.from_arrays([rp, rc])
+        first = np.flatnonzero(~keys.duplicated(keep="first"))
+        return keys[first], first
+
+    def find(self, corr, pid):
+        """(launch tid, launch start) per kernel, -1 where none."""
+        kc = np.asarray(corr, np.int64)
+        kp = np.asarray(pid, np.int64) >> 24
+        if self.table is not None:
+            slot = np.zeros(len(kc), np.int64) if len(self.procs) == 1 else \
+                np.minimum(np.searchsorted(self.procs, kp), len(self.procs) - 1)
+            known = (self.procs[slot] == kp) & (kc >= 0) & (kc < self.span)
+            pos = np.where(known, self.table[np.where(known, slot * self.span + kc, 0)], -1)
+        elif self.hash is not None:
+            keys, first = self.hash
+            fits = (kc >= -1) & (kc < 1 << 32) & (kp >= -1) & (kp < 1 << 30)
+            if self.packed:
+                where = keys.get_indexer(np.where(fits, (kp << 32) | (kc & 0xFFFFFFFF), -1))
+                where[~fits] = -1
+            else:
+                where = keys.get_indexer(pd.MultiIndex.from_arrays([kp, kc]))
+            pos = np.where((where >= 0) & (kc >= 0), first[np.maximum(where, 0)], -1)
+        else:
+            pos = np.full(len(kc), -1, np.int64)
+        hit = pos >= 0
+        safe = np.where(hit, pos, 0)
+        if not len(self.tid):
+            return np.full(len(kc), -1, np.int64), np.full(len(kc), -1, np.int64)
+        return np.where(hit, self.tid[safe], -1), np.where(hit, self.start[safe], -1)
