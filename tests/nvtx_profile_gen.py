@@ -18,7 +18,30 @@ What is not reproduced: ``input_op_ids`` (torch.profiler does not record op outp
 real timestamps (ranges get synthetic, strictly nested times); GPU-only inner ops (cudnn_convolution); the CPU
 kernels' own inner ops (mkldnn_convolution) appear instead.
 
-Run as a script to write a profile: ``python tests/nvtx_profile_gen.py resnet18 --batch 2 --out r18.sqlite``.
+CUDA-style profiles (``cuda="efficient"`` or ``"flash"``): the same recorded tree, rewritten where a CUDA run
+dispatches to other ops (cuda_style.py has the rules and their sources in PyTorch's dispatch code), each rewritten
+op's arguments laid out from PyTorch's schema of that op:
+
+* convolution: ``_convolution > cudnn_convolution`` (a bias added after it by ``add_``), or
+  ``_convolution > _conv_depthwise2d`` for a float32 depthwise convolution, instead of the CPU backend
+  (``mkldnn_convolution``, ``thnn_conv2d``); ``convolution_backward`` with no backend op inside (CUDA's are stubs);
+* batch norm: ``_batch_norm_impl_index > cudnn_batch_norm``, backward ``CudnnBatchNormBackward0 >
+  cudnn_batch_norm_backward(input, grad_output, ...)``;
+* dropout in training: ``dropout > native_dropout``, backward ``NativeDropoutBackward0 > native_dropout_backward``,
+  instead of ``bernoulli_``, ``div_``, ``mul`` and ``MulBackward0``;
+* fused attention: ``_scaled_dot_product_efficient_attention > _efficient_attention_forward`` (float32) or
+  ``_scaled_dot_product_flash_attention > _flash_attention_forward`` (half precision), and their backwards, instead of
+  the CPU's ``_scaled_dot_product_flash_attention_for_cpu``.
+
+The count such a profile must give is the dispatch count of the same model counted as CUDA dispatches
+(``cuda_style.cuda_dispatch``: dropout through ``native_dropout``).
+
+What is not reproduced: ``input_op_ids`` (torch.profiler does not record op outputs, so producers are unknown);
+real timestamps (ranges get synthetic, strictly nested times); in CPU-style profiles, GPU-only inner ops
+(cudnn_convolution): the CPU kernels' own inner ops (mkldnn_convolution) appear instead.
+
+Run as a script to write a profile: ``python tests/nvtx_profile_gen.py resnet18 --batch 2 --out r18.sqlite``
+(``--cuda efficient`` for a CUDA-style one; ``transformer_block`` for the block below).
 """
 from __future__ import annotations
 
@@ -275,10 +298,41 @@ def write_sqlite(path, nvtx, runtime, kernels, strings, *, tables=None) -> str:
     return path
 
 
-def generate(model, inputs, path, *, record_shapes=True, orphan_kernels=2, loss_fn=None) -> str:
+def generate(model, inputs, path, *, record_shapes=True, orphan_kernels=2, loss_fn=None, cuda=None) -> str:
+    """A profile of one training step of ``model``; ``cuda`` ("efficient" or "flash", the attention kernels): as a
+    CUDA run records it."""
     roots = record_step(model, inputs, loss_fn=loss_fn)
+    if cuda:
+        from cuda_style import cuda_style, from_events
+
+        roots = cuda_style(from_events(roots), attention=cuda)
     rows = build_rows(roots, record_shapes=record_shapes, orphan_kernels=orphan_kernels)
     return write_sqlite(path, *rows)
+
+
+def transformer_block(d: int = 32, heads: int = 4, p: float = 0.1):
+    """A pre-norm transformer block (attention through scaled_dot_product_attention, dropout on both residual
+    branches, a GELU MLP), its input, and a loss for its output."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+            self.drop = nn.Dropout(p)
+
+        def forward(self, x):
+            b, n, _ = x.shape
+            q, k, v = self.qkv(self.ln1(x)).view(b, n, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
+            a = F.scaled_dot_product_attention(q, k, v)
+            x = x + self.drop(self.proj(a.transpose(1, 2).reshape(b, n, d)))
+            return x + self.drop(self.fc2(F.gelu(self.fc1(self.ln2(x)))))
+
+    return Block(), torch.randn(2, 8, d), lambda out: out.float().pow(2).mean()
 
 
 def generate_step(step, path, *, record_shapes=True, orphan_kernels=2) -> str:
@@ -311,14 +365,18 @@ def main(argv=None):
     import torchvision
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("model")
+    p.add_argument("model", help="a torchvision model, or transformer_block")
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--size", type=int, default=64, help="image side")
     p.add_argument("--no-shapes", action="store_true")
+    p.add_argument("--cuda", choices=["efficient", "flash"], help="CUDA-style, with these attention kernels")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
-    model = getattr(torchvision.models, a.model)(weights=None)
-    generate(model, torch.randn(a.batch, 3, a.size, a.size), a.out, record_shapes=not a.no_shapes)
+    if a.model == "transformer_block":
+        model, x, loss = transformer_block()
+    else:
+        model, x, loss = getattr(torchvision.models, a.model)(weights=None), torch.randn(a.batch, 3, a.size, a.size), None
+    generate(model, x, a.out, record_shapes=not a.no_shapes, loss_fn=loss, cuda=a.cuda)
     print(a.out)
 
 
