@@ -66,12 +66,12 @@ def with_device(doc: dict) -> list:
     for i, e in enumerate(ops):
         nxt = ops[i + 1] if i + 1 < len(ops) else None
         leaf = not (nxt and nxt["tid"] == e["tid"] and nxt["ts"] < e["ts"] + e["dur"])
-        if not leaf or e["name"] in NO_KERNEL or not e["name"].startswith("aten::") or e["dur"] < 2:
+        if not leaf or e["name"] in NO_KERNEL or not e["name"].startswith("aten::"):
             continue
         corr = len(out)
-        launch = e["ts"] + 1
+        launch = e["ts"] + e["dur"] / 2  # inside the op, however short
         out.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": e["pid"], "tid": e["tid"],
-                    "ts": launch, "dur": 1, "args": {"correlation": corr}})
+                    "ts": launch, "dur": 0, "args": {"correlation": corr}})
         out.append({"ph": "X", "cat": "kernel", "name": f"void bench::{e['name'][6:]}_kernel<float>(int)", "pid": 0,
                     "tid": 7, "ts": launch + 2, "dur": 3, "args": {"correlation": corr, "device": 0}})
     return out
