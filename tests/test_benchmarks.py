@@ -23,3 +23,19 @@ def test_annotation_overhead_prints_paired_ratios():
     out = run_benchmark("annotation_overhead.py", "--size", "32", "--batch", "2", "--rounds", "2", "--steps", "1")
     ratios = re.findall(r"annotated / bare = \d+\.\d{4} \(median of 2 pairs; quartiles \d+\.\d{4} \.\. \d+\.\d{4}\)", out)
     assert len(ratios) >= 2, out  # wall and CPU time, for each annotated loop that can run here
+
+
+def test_nvtx_parse_prints_its_ratios_by_wall_and_cpu():
+    out = run_benchmark("nvtx_parse.py", "--ranges", "400", "--kernels", "400", "--repeat", "2", "--subset", "20",
+                        "--scan-subset", "5", "--memory-subset", "100")
+    assert "400 ranges, 400 kernels attributed" in out
+    assert re.search(r"analyze over 2 runs: wall median \d+\.\d\d s .* CPU median .* peak \d+\.\d\d GB", out)
+    ratios = re.findall(r"analyze is (\d+(?:\.\d+)?)x faster \(wall\), (\d+(?:\.\d+)?)x \(CPU\)", out)
+    assert len(ratios) == 4, out  # indexed loop, loop without indexes, row-wise reader, in-memory loop
+    assert "target not judged" in out
+
+
+def test_kineto_parse_prints_its_ratio_to_json_load():
+    out = run_benchmark("kineto_parse.py", "--events", "3000", "--repeat", "1")
+    assert "generated a trace of 3,000 events" in out
+    assert re.search(r"analyze / json\.load = \d+\.\d\dx", out) and "target not judged" in out

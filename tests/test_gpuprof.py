@@ -386,6 +386,20 @@ def test_fuzz_readers(small_profile, tmp_path, capsys):
     assert time.time() - t0 < 60
 
 
+@needs_kineto
+def test_trace_reader_restores_the_collector():
+    import gc
+
+    kineto.load(MI250)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        kineto.load(MI250)
+        assert not gc.isenabled()  # a caller's choice is left as it was
+    finally:
+        gc.enable()
+
+
 def test_gpu_check_without_gpu_stops_in_one_line(capsys, monkeypatch):
     import torch
 

@@ -20,9 +20,12 @@ run) gives each op its own CPU time instead.
 """
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 import math
+from contextlib import contextmanager
+from math import floor
 import os
 import zlib
 
@@ -37,6 +40,7 @@ RANGE_CATS = {"cpu_op", "user_annotation"}
 LAUNCH_CATS = {"cuda_runtime", "cuda_driver"}
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 _THREAD_SHIFT = 40  # a forward thread's rank above the sequence number
+_LIMIT = 1 << 62  # times in nanoseconds, and ids, beyond this are not a trace's
 
 
 def _read_json(path: str):
@@ -86,21 +90,51 @@ def parse_value(text):
 def _ns(x) -> int:
     """Microseconds -> integer nanoseconds, exactly: epoch times in microseconds times 1000 pass 2**53, where a
     float product would round by hundreds of nanoseconds and break the nesting."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        raise TypeError("not a number")
-    if isinstance(x, int):
+    t = type(x)  # exact types: a bool is no time, and JSON gives no subclasses
+    if t is int:
         v = x * 1000
-    else:
+    elif t is float:
         whole = math.floor(x)
-        v = int(whole) * 1000 + int(round((x - whole) * 1000))
-    if not -(1 << 62) < v < 1 << 62:
+        v = whole * 1000 + int(round((x - whole) * 1000))
+    else:
+        raise TypeError("not a number")
+    if not -_LIMIT < v < _LIMIT:
         raise OverflowError("time out of range")
     return v
 
 
+def _sizes_text(dims, types, concrete):
+    """(an op's recorded arguments as one JSON text, or None where they are malformed)."""
+    types = types if isinstance(types, list) and len(types) == len(dims) else None
+    values = [parse_value(v) for v in concrete] if isinstance(concrete, list) and len(concrete) == len(dims) \
+        else [None] * len(dims)
+    try:
+        return json.dumps([dims, types, values], separators=(",", ":"))
+    except (TypeError, ValueError, RecursionError):
+        return None
+
+
+@contextmanager
+def _collector_paused():
+    """Python's cyclic collector paused while a trace's millions of dicts and lists are built and read: none of them
+    is in a cycle, yet every collection of the oldest generation walks them all (with it running, parsing a
+    1,000,000-event trace takes five times as long)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def load(path) -> Profile:
     """Read a trace into a Profile (ranges: the ops and annotations; kernels: the device activity)."""
-    path = os.fspath(path)
+    with _collector_paused():
+        return _load(os.fspath(path))
+
+
+def _load(path: str) -> Profile:
     doc = _read_json(path)
     if isinstance(doc, list):
         events, meta = doc, {}
@@ -114,33 +148,49 @@ def load(path) -> Profile:
         skipped[why] = skipped.get(why, 0) + 1
 
     rows, launches, device = [], [], []
+    threads: dict = {}
+    # a trace repeats a few thousand distinct calls (one layer's op, step after step): each is parsed once, keyed
+    # by the repr of what was recorded (made in C, far cheaper than the parse)
+    memo: dict = {}
     for e in events:
-        if not isinstance(e, dict) or e.get("ph") != "X":
+        if type(e) is not dict or e.get("ph") != "X":
             continue
         cat = e.get("cat")
-        if not isinstance(cat, str) or cat not in RANGE_CATS and cat not in LAUNCH_CATS and cat not in DEVICE_CATS:
+        if type(cat) is not str or cat not in RANGE_CATS and cat not in LAUNCH_CATS and cat not in DEVICE_CATS:
             continue
-        args = e.get("args") if isinstance(e.get("args"), dict) else {}
+        args = e.get("args")
+        if type(args) is not dict:
+            args = {}
         try:
-            start, dur = _ns(e["ts"]), _ns(e["dur"])
-            thread = (int(e["pid"]) if not isinstance(e["pid"], str) else e["pid"], int(e["tid"]) if not
-                      isinstance(e["tid"], str) else e["tid"])
+            ts, dur = e.get("ts"), e.get("dur")
+            if type(ts) is float and type(dur) is float:  # _ns, inline: every event pays it
+                whole = floor(ts)
+                start = whole * 1000 + int(round((ts - whole) * 1000))
+                whole = floor(dur)
+                dur = whole * 1000 + int(round((dur - whole) * 1000))
+                if not (-_LIMIT < start < _LIMIT and -_LIMIT < dur < _LIMIT):
+                    raise OverflowError("time out of range")
+            else:
+                start, dur = _ns(ts), _ns(dur)
+            pid, tid = e["pid"], e["tid"]
+            thread = (pid if type(pid) is str else int(pid), tid if type(tid) is str else int(tid))
         except (KeyError, TypeError, ValueError, OverflowError):
             skip("event without a usable ts, dur, pid or tid")
             continue
         if cat in LAUNCH_CATS:
             corr = args.get("correlation")
-            if isinstance(corr, int) and not isinstance(corr, bool) and 0 <= corr < 1 << 62:
-                launches.append((corr, thread, start))
+            if type(corr) is int and 0 <= corr < 1 << 62:
+                launches.append((corr, threads.setdefault(thread, len(threads)), start))
             continue
         if cat in DEVICE_CATS:
             corr = args.get("correlation")
-            ok = isinstance(corr, int) and not isinstance(corr, bool) and 0 <= corr < 1 << 62
+            ok = type(corr) is int and 0 <= corr < 1 << 62
+            name = e.get("name", "")
             device.append((start, start + max(dur, 0), corr if ok else -1,
-                           str(e.get("name", ""))[:4096]))
+                           name[:4096] if type(name) is str else str(name)[:4096]))
             continue
         name = e.get("name")
-        if not isinstance(name, str) or not name or len(name) > 4096:
+        if type(name) is not str or not name or len(name) > 4096:
             skip("op without a usable name")
             continue
         if dur < 0:  # 0 is an op shorter than the trace's microsecond resolution, and kept
@@ -148,33 +198,38 @@ def load(path) -> Profile:
             continue
         seq = args.get("Sequence number", -1)
         fwd_tid = args.get("Fwd thread id", 0)
-        seq = seq if isinstance(seq, int) and 0 <= seq < 1 << _THREAD_SHIFT else -1
-        fwd_tid = fwd_tid if isinstance(fwd_tid, int) else 0
+        seq = seq if type(seq) is int and 0 <= seq < 1 << _THREAD_SHIFT else -1
+        fwd_tid = fwd_tid if type(fwd_tid) is int and -(1 << 62) < fwd_tid < 1 << 62 else 0
         sizes = None
         dims = args.get("Input Dims")
-        if isinstance(dims, list):
-            types = args.get("Input type")
-            types = types if isinstance(types, list) and len(types) == len(dims) else None
-            concrete = args.get("Concrete Inputs")
-            values = [parse_value(v) for v in concrete] if isinstance(concrete, list) and len(concrete) == len(dims) \
-                else [None] * len(dims)
+        if type(dims) is list:
+            types, concrete = args.get("Input type"), args.get("Concrete Inputs")
             try:
-                sizes = json.dumps([dims, types, values], separators=(",", ":"))
-            except (TypeError, ValueError):
+                key = repr((dims, types, concrete))
+            except RecursionError:
+                key = None
+            sizes = memo.get(key, memo) if key is not None else memo
+            if sizes is memo:
+                sizes = _sizes_text(dims, types, concrete)
+                if key is not None:
+                    memo[key] = sizes
+            if sizes is None:
                 skip("op with malformed Input Dims")
         # half-open: with whole-microsecond times an op that ends as the next begins would seem to enclose it
-        rows.append((start, start + max(dur - 1, 0), thread, name, seq, fwd_tid, sizes))
+        rows.append((start, start + max(dur - 1, 0), threads.setdefault(thread, len(threads)), name, seq, fwd_tid,
+                     sizes))
     if not rows:
         raise ProfileError(f"{path}: no cpu_op events: record the trace with torch.profiler (CPU activity on)")
-    ranges = pd.DataFrame(rows, columns=["start", "end", "thread", "name", "seq", "fwd_tid", "sizes"])
-    codes, threads = pd.factorize(ranges["thread"])
-    ranges["tid"] = codes.astype(np.int64)
+    start, end, tid, name, seq, fwd_tid, sizes = zip(*rows)
+    del rows
+    ranges = pd.DataFrame({"start": np.array(start, np.int64), "end": np.array(end, np.int64),
+                           "tid": np.array(tid, np.int64), "seq": np.array(seq, np.int64),
+                           "fwd_tid": np.array(fwd_tid, np.int64)})
     ranges["seq"] = _keyed_seq(ranges)
-    ranges = ranges.drop(columns=["thread", "fwd_tid"])
-    ranges["name"] = ranges["name"].astype("category")
-    ranges["sizes"] = ranges["sizes"].astype("category")
+    ranges["name"] = pd.Categorical(np.array(name, dtype=object))
+    ranges["sizes"] = pd.Categorical(np.array(sizes, dtype=object))
     ranges = sort_ranges(ranges[["start", "end", "tid", "name", "seq", "sizes"]])
-    kernels = _kernels(device, launches, threads)
+    kernels = _kernels(device, launches)
     devices = [str(d.get("name", "")) for d in meta.get("deviceProperties", []) or [] if isinstance(d, dict)]
     notes = ["no device activity in this trace: each op's time is its own CPU time"] if not device else []
     return Profile(path=path, ranges=ranges, kernels=kernels, schema_version=str(meta.get("schemaVersion", "")),
@@ -203,15 +258,24 @@ def _keyed_seq(r: pd.DataFrame) -> np.ndarray:
     return out
 
 
-def _kernels(device, launches, threads) -> pd.DataFrame:
-    k = pd.DataFrame(device, columns=["start", "end", "corr", "name"])
-    launch = pd.DataFrame(launches, columns=["corr", "thread", "launch_start"]).drop_duplicates("corr")
-    thread_code = {t: i for i, t in enumerate(threads)}
-    launch["launch_tid"] = [thread_code.get(t, -1) for t in launch["thread"]]
-    k = k.merge(launch[["corr", "launch_tid", "launch_start"]], on="corr", how="left")
-    k["launch_tid"] = k["launch_tid"].fillna(-1).astype(np.int64)
-    k["launch_start"] = k["launch_start"].fillna(-1).astype(np.int64)
-    k["name"] = k["name"].astype("category")
+def _kernels(device, launches) -> pd.DataFrame:
+    """Device activity with the thread (its code) and time of the launch of the same correlation id (the first)."""
+    start, end, corr, name = (list(c) for c in zip(*device)) if device else ([], [], [], [])
+    k = pd.DataFrame({"start": np.array(start, np.int64), "end": np.array(end, np.int64),
+                      "corr": np.array(corr, np.int64)})
+    if launches:
+        lc, lt, ls = (np.array(c, np.int64) for c in zip(*launches))
+        keys = pd.Index(lc)
+        first = np.flatnonzero(~keys.duplicated(keep="first"))
+        pos = keys[first].get_indexer(k["corr"].to_numpy())
+        hit = (pos >= 0) & (k["corr"].to_numpy() >= 0)
+        at = first[np.maximum(pos, 0)]
+        k["launch_tid"] = np.where(hit, lt[at], -1)
+        k["launch_start"] = np.where(hit, ls[at], -1)
+    else:
+        k["launch_tid"] = np.full(len(k), -1, np.int64)
+        k["launch_start"] = np.full(len(k), -1, np.int64)
+    k["name"] = pd.Categorical(np.array(name, dtype=object))
     return k[["start", "end", "launch_tid", "launch_start", "name"]]
 
 
