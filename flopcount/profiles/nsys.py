@@ -32,8 +32,8 @@ import pandas as pd
 
 from . import arrowsplit, files
 from .files import ProfileError
-from .launches import join_launches, read_kernels  # noqa: F401  (join_launches: part of this module's API)
-from .sqlarrow import EXTRA, Growing, arrow, as_int64, as_text, batches, count, ints, row_bound  # noqa: F401
+from .launches import read_kernels
+from .sqlarrow import Growing, arrow, as_text, batches, count, ints, row_bound
 
 REQUIRED_TABLES = ("StringIds", "NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME",
                    "META_DATA_EXPORT")
