@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import re
 
-import numpy as np
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 

@@ -32,8 +32,8 @@ import pandas as pd
 
 from . import arrowsplit, files
 from .files import ProfileError
-from .launches import join_launches, read_kernels  # noqa: F401  (join_launches: part of this module's API)
-from .sqlarrow import EXTRA, Growing, arrow, as_int64, as_text, batches, count, ints, row_bound  # noqa: F401
+from .launches import read_kernels
+from .sqlarrow import Growing, arrow, as_text, batches, count, ints, row_bound
 
 REQUIRED_TABLES = ("StringIds", "NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME",
                    "META_DATA_EXPORT")
@@ -185,6 +185,8 @@ def _range_batch(b):
 
 
 def _read_ranges(uri, path, con, push, skipped, where: str = "1"):
+    """Push/pop ranges in (tid, start, -end) order, markers split; ``where``: an SQL condition on ``NVTX_EVENTS n``
+    that a range must also meet (to leave out the ranges of a domain that does not nest with emit_nvtx's)."""
     cols = _columns(con, "NVTX_EVENTS", path)
     # Range text is inline (`text`) or a registered string (`textId` -> StringIds); either may be absent.
     text = "COALESCE(n.text, s.value)" if {"text", "textId"} <= cols else ("n.text" if "text" in cols else "s.value")
