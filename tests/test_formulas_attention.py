@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import flopcount
+from helpers import Attn
 
 A = torch.ops.aten
 
@@ -18,18 +19,6 @@ def attn_rows(report):
     f = report.frame
     f = f[f["family"] == "attention"]
     return {(op, ph): int(v) for (op, ph), v in f.groupby(["op", "phase"])["flops"].sum().items()}
-
-
-class Attn(nn.Module):
-    """q, k, v scaled by a parameter (so that the attention's backward runs), then ``fn(q, k, v)``."""
-
-    def __init__(self, fn):
-        super().__init__()
-        self.s = nn.Parameter(torch.ones(()))
-        self.fn = fn
-
-    def forward(self, q, k, v):
-        return self.fn(q * self.s, k * self.s, v * self.s)
 
 
 def count(fn, q, k, v):

@@ -11,6 +11,7 @@ from torch import nn
 import flopcount
 from flopcount.estimators import fallback
 from helpers import op_flops
+from helpers import Attn
 
 KEY = ["module", "op", "phase"]
 
@@ -110,16 +111,6 @@ def test_autocast_around_count_is_honoured_on_meta():
     addmm = meta.frame[meta.frame.op == "aten.addmm"]
     # (3 x 8) @ (8 x 4) + bias: 2 x 3 x 8 x 4 + 12 = 204, computed in bfloat16 as the CPU does under autocast
     assert addmm.dtype.tolist() == ["bfloat16"] and int(addmm.flops.sum()) == 204
-
-
-class Attn(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.s = nn.Parameter(torch.ones(()))
-        self.fn = fn
-
-    def forward(self, q, k, v):
-        return self.fn(q * self.s, k * self.s, v * self.s)
 
 
 def attention(report):
