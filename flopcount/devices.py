@@ -49,6 +49,7 @@ class DeviceSpec:
     aliases: Tuple[str, ...] = ()
     note: str = ""
     measured: bool = False
+    kernels: str = "cuda"  # whose kernel choices a count on meta takes for this device (see estimators/kernels.py)
 
     def peak(self, precision: str) -> float:
         if precision not in PRECISIONS:
@@ -70,7 +71,7 @@ class DeviceSpec:
 
     def to_dict(self) -> dict:
         return {"name": self.name, "peaks": dict(self.peaks), "bandwidth": self.bandwidth, "source": self.source,
-                "aliases": list(self.aliases), "note": self.note, "measured": self.measured}
+                "aliases": list(self.aliases), "note": self.note, "measured": self.measured, "kernels": self.kernels}
 
 
 # --- the datasheet table ------------------------------------------------------------------------------------------
@@ -392,4 +393,4 @@ def cpu_spec(dtypes=("float32",), *, threads: Optional[int] = None, refresh: boo
     return DeviceSpec(name=f"cpu ({model}, {threads} threads)", peaks=peaks, bandwidth=bandwidth,
                       source=f"measured: best {'/'.join(peaks)} matrix product and tensor copy on this CPU "
                              f"({threads} threads), cached in {os.path.basename(path)}",
-                      measured=True)
+                      measured=True, kernels="cpu")

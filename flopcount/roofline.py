@@ -247,8 +247,9 @@ def analyze(report: FlopReport, spec: DeviceSpec, *, allow_tf32: Union[bool, dic
 
 def from_spec(spec: str, device_spec, *, batch: int = 1, dtype="float32", tf32: Union[bool, dict] = False,
               measured_seconds: Optional[float] = None, input_shape=None, num_classes=None) -> Roofline:
-    """The roofline of a model spec's training step (counted on meta, nothing run) on a named device: the one
-    pipeline of ``flopcount roofline`` and the study's roofline figure."""
+    """The roofline of a model spec's training step (counted on meta, nothing run, with the kernels the named
+    device would choose) on that device: the one pipeline of ``flopcount roofline`` and the study's roofline
+    figure."""
     from .devices import get_device
     from .errors import model_errors
     from .estimators.dispatch import count_step
@@ -259,5 +260,5 @@ def from_spec(spec: str, device_spec, *, batch: int = 1, dtype="float32", tf32: 
         raise RooflineError(f"a measured step time must be a positive number of seconds, not {measured_seconds}")
     model, inputs, name = build(spec, batch=batch, input_shape=input_shape, num_classes=num_classes, dtype=dtype)
     with model_errors(name, inputs):
-        report = count_step(model, inputs, model_name=name)
+        report = count_step(model, inputs, model_name=name, as_device=spec_.kernels)
     return analyze(report, spec_, allow_tf32=tf32, measured_seconds=measured_seconds)

@@ -48,6 +48,13 @@ def test_scan_equals_regex(make):
     rng = random.Random(7)
     texts = [make(rng) for _ in range(4000)] + ["", "aten::mm", "a, b", "a, seq = 1", "a, seq = 1x", "a, seq = ,",
                                                  "a, op_id = 3, seq = 4", "a, sizes = [[1]], sizes = [[2]]",
+                                                 "a, seq = 123456789012345678", "a, seq = 1234567890123456789",
+                                                 "a, seq = 12, seq = 3", "a, seq = x, seq = 3", "a, seq = 7,",
+                                                 # an "=" in the sizes part; an input keyword before the sizes
+                                                 "a, sizes = [[1]], x = 2", "a, sizes = [[1]], input_op_ids = ",
+                                                 "a, input_op_ids = [1], sizes = [[2]], input_op_ids = [3]",
+                                                 "a, input_op_ids = [1], sizes = [[2]]", "a,  seq = 1", "a, , seq = 1",
+                                                 "x, seq = 12", "3456789012345678901", "y, seq = 5", "7",
                                                  # a keyword cut by the end of its row, the next row going on
                                                  "a, sizes =", " [[1]]", "b, seq =", " 4", "c, input_op_ids =", " x"]
     arr = pa.array(texts, pa.string())

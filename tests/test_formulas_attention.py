@@ -7,7 +7,6 @@ adds 1 per score in each direction; the full square is counted.
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 import flopcount
 from helpers import Attn

@@ -10,7 +10,6 @@ from torch import nn
 
 import flopcount
 from flopcount.estimators import fallback
-from helpers import op_flops
 from helpers import Attn
 
 KEY = ["module", "op", "phase"]

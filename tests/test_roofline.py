@@ -156,3 +156,20 @@ def test_counted_ops_on_a100():
     assert ops.loc["aten.mm", "bound"] == COMPUTE and ops.loc["aten.mm", "precision"] == "fp16"
     assert ops.loc["aten.mm", "t_roofline"] == pytest.approx(2 * n ** 3 / 312e12)
     assert ops.loc["aten.add", "t_roofline"] == pytest.approx(3 * n * n * 2 / 1555e9)
+
+
+def test_a_named_gpu_is_counted_with_its_kernels(monkeypatch):
+    """``from_spec`` counts with the kernel choices of the device it is asked about (a GPU's attention and LSTM
+    paths, not the CPU's that happens to run the count); a measured CPU spec keeps the CPU's."""
+    import flopcount.estimators.dispatch as dispatch
+    from flopcount import roofline
+
+    seen = []
+    real = dispatch.count_step
+    monkeypatch.setattr(dispatch, "count_step", lambda *a, **k: seen.append(k.get("as_device")) or real(*a, **k))
+    roofline.from_spec("alexnet", "A100 SXM 80GB", batch=1, input_shape=(3, 64, 64), num_classes=10)
+    cpu = DeviceSpec(name="cpu (test)", peaks={"fp32": 1e11}, bandwidth=1e10, source="test", measured=True,
+                     kernels="cpu")
+    roofline.from_spec("alexnet", cpu, batch=1, input_shape=(3, 64, 64), num_classes=10)
+    assert seen == ["cuda", "cpu"]
+    assert get_device("A100 SXM 80GB").kernels == "cuda"

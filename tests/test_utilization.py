@@ -11,7 +11,7 @@ from flopcount.devices import UnknownDevice
 from flopcount.report import FlopReport
 from flopcount.timing import OutOfMemory
 from flopcount.devices import precision_mix, resolve_peak
-from flopcount.errors import FlopcountError, UtilizationError
+from flopcount.errors import FlopcountError
 from flopcount.utilization import utilization
 
 N, IN, OUT = 4, 16, 8

@@ -2,13 +2,12 @@
 row and without a regular expression on the rows PyTorch writes.
 
 The rows PyTorch writes have one layout (see markers.py): ``NAME[, seq = N][, op_id = M][, sizes = S]
-[, input_op_ids = I]``, the parts in that order. Each keyword holds exactly one ``=``, and nothing else after the
-name does (sizes and input ids are brackets, digits, commas and spaces), so the ``=`` bytes of a batch, found in one
-vectorised pass over its data buffer, locate every keyword; a few gathers per row then check that each ``=`` closes
-the keyword expected there and that the keywords come in order. A row whose every ``=`` after its name closes a
-keyword, in order, splits exactly as the regular expressions of :func:`split_regex` split it (a keyword hidden in
-a part would bring an ``=`` not accounted for). Rows that do not pass (a range name with ``", "`` in it, a
-corrupted text) go through those regular expressions, so every row splits the same way either path takes.
+[, input_op_ids = I]``. The regular expressions of :func:`split_regex` define the split for any text: the name
+runs to the first keyword (or the end), seq is the first ``, seq = `` followed by 1-18 digits and a comma or the
+end, sizes run from the first ``, sizes = `` to the next ``, input_op_ids = `` (or the end). Each of those is a
+first occurrence, which Arrow's substring search finds for a whole batch at once; a row is left to the regular
+expressions only where a first occurrence does not settle it (a name with ``", "`` in it, a ``, seq = `` not
+followed by digits, an input-ids keyword before the sizes), so every row splits the same way either path takes.
 
 Names and sizes are then dictionary-encoded as string views into the batch's own buffer (no copy of the text), a
 profile having hundreds of op names and a few thousand sizes among millions of ranges. Where this pyarrow cannot
@@ -25,21 +24,12 @@ _NAME_RE = r"(?s)^(?P<name>.*?)(?:, seq = |, op_id = |, sizes = |, input_op_ids 
 _SEQ_RE = r", seq = (?P<seq>\d{1,18})(?:,|$)"
 _SIZES_RE = r"(?s), sizes = (?P<sizes>.*?)(?:, input_op_ids = |$)"
 
-_KEYWORDS = (b", seq = ", b", op_id = ", b", sizes = ", b", input_op_ids = ")
-_SEQ, _OP_ID, _SIZES, _INPUT = range(4)
+_SEQ_KW, _SIZES_KW, _INPUT_KW = ", seq = ", ", sizes = ", ", input_op_ids = "
 _PAD = 24  # bytes readable past either end of a buffer, so a gather never needs a bounds check
-_LEN = np.array([len(w) for w in _KEYWORDS], np.int64)
-# a keyword's first eight bytes as one little-endian word
-_HEAD = np.array([int.from_bytes(w[:8], "little") for w in _KEYWORDS], np.uint64)
-_INPUT_MID = np.uint64(int.from_bytes(_KEYWORDS[_INPUT][8:14], "little"))  # "op_ids"
-_SIX_BYTES = np.uint64((1 << 48) - 1)
-_EQ_SPACE = int.from_bytes(b"= ", "little")
-# which keyword an "=" closes, from the two bytes before its " ": "q" seq, "d" op_id, "es" sizes, "ds" input ids
-_KIND = np.full(1 << 16, -1, np.int8)
-_KIND[(ord("q") << 8) | np.arange(256)] = _SEQ
-_KIND[(ord("d") << 8) | np.arange(256)] = _OP_ID
-_KIND[(ord("s") << 8) | ord("e")] = _SIZES
-_KIND[(ord("s") << 8) | ord("d")] = _INPUT
+_MAX_DIGITS = 18
+# the keywords a name can end at: (first eight bytes as a little-endian word, the rest, length)
+_ENDS = [(int.from_bytes(w[:8].ljust(8, b"\0"), "little"), w[8:], len(w))
+         for w in (b", seq = ", b", op_id = ", b", sizes = ", b", input_op_ids = ")]
 _INLINE = np.arange(12) < np.arange(13)[:, None]  # the bytes a view of each length holds inline (row 4: a prefix)
 
 
@@ -72,9 +62,9 @@ def split_arrow(text):
 def _windows(data: np.ndarray):
     """Views of ``data`` (padded) where element ``x + _PAD`` is the bytes from ``x`` on: as rows of _PAD bytes,
     as a little-endian 8-byte word, as a 2-byte word."""
-    padded = np.zeros(len(data) + 2 * _PAD, np.uint8)
+    padded = np.zeros(len(data) + 3 * _PAD, np.uint8)
     padded[_PAD:_PAD + len(data)] = data
-    n = len(data) + _PAD + 1
+    n = len(data) + 2 * _PAD + 1  # a keyword found at the end still has its whole length readable
     rows = as_strided(padded, shape=(n, _PAD), strides=(1, 1), writeable=False)
     w8 = np.ndarray(shape=(n,), dtype="<u8", buffer=padded, strides=(1,))
     w2 = np.ndarray(shape=(n,), dtype="<u2", buffer=padded, strides=(1,))
@@ -83,7 +73,7 @@ def _windows(data: np.ndarray):
 
 def _scan(text):
     """(row starts, name ends, seq, sizes start and stop, rows the scan cannot settle, the byte views) of a batch;
-    positions are into the batch's data buffer. The keywords of all rows are handled as one flat array."""
+    positions are into the batch's data buffer."""
     import pyarrow.compute as pc
 
     n = len(text)
@@ -93,53 +83,63 @@ def _scan(text):
     grid = _windows(data)
     rows_of, w8, w2 = grid
     lo, hi = off[:-1], off[1:]
-    first = pc.find_substring(text, ", ").to_numpy(zero_copy_only=False).astype(np.int64)
-    eq = np.flatnonzero(data[off[0]:off[-1]] == ord("=")) + off[0]
-    name_end = np.where(first >= 0, lo + first, hi)
-    j0 = np.searchsorted(eq, name_end)
-    k = np.searchsorted(eq, hi) - j0  # "=" after the name: one per keyword
-    bad = ((first >= 0) & (k == 0)) | (k > len(_KEYWORDS))
-    k[bad] = 0
-    # one entry per keyword: its row, its "=", and where its row's keywords begin in this flat list
-    begin = np.cumsum(k) - k
-    row = np.repeat(np.arange(n), k)
-    flat = np.arange(len(row))
-    e = eq[flat - np.repeat(begin - j0, k)]
-    t = _KIND[w2[e - 3 + _PAD]].astype(np.int64)
-    tt = np.maximum(t, 0)
-    st = e - (_LEN[tt] - 2)
-    ok = (t >= 0) & (w8[st + _PAD] == _HEAD[tt]) & (w2[e + _PAD] == _EQ_SPACE) & (st >= lo[row]) & (e + 2 <= hi[row])
-    inp = np.flatnonzero(t == _INPUT)
-    ok[inp] &= (w8[st[inp] + 8 + _PAD] & _SIX_BYTES) == _INPUT_MID
-    # in order: the first right after the name, each after the end of the one before
-    lead = flat == begin[row]
-    ok[lead] &= st[lead] == name_end[row[lead]]
-    rest = np.flatnonzero(~lead)
-    ok[rest] &= (t[rest] > t[rest - 1]) & (st[rest] >= e[rest - 1] + 2)
-    bad[row[~ok]] = True
-    # a keyword's text runs from its "= " to the next keyword of its row, or the row's end
-    c0 = e + 2
-    c1 = hi[row]
-    follow = np.flatnonzero(~lead)
-    c1[follow - 1] = st[follow]
+
+    def find(word):
+        at = pc.find_substring(text, word).to_numpy(zero_copy_only=False).astype(np.int64)
+        return np.where(at >= 0, lo + at, -1)
+
+    # every keyword begins with ", ": the name ends at the first one, where a keyword begins there
+    name_end = find(", ")
+    comma = np.flatnonzero(name_end >= 0)
+    c = name_end[comma]
+    word = w8[c + _PAD]
+    ends = np.zeros(len(c), bool)
+    for head, rest, length in _ENDS:
+        at = np.flatnonzero(word == np.uint64(head))
+        hit = c[at] + length <= hi[comma[at]]
+        for i in range(0, len(rest), 2):  # the bytes past the first eight, two at a time (or one)
+            piece = rest[i:i + 2]
+            got = w2[c[at] + 8 + i + _PAD] if len(piece) == 2 else rows_of[c[at] + 8 + i + _PAD][:, 0]
+            hit &= got == int.from_bytes(piece, "little")
+        ends[at] = hit
+    bad = np.zeros(n, bool)
+    bad[comma[~ends]] = True
+    name_end[name_end < 0] = hi[name_end < 0]
+
     seq = np.full(n, -1, np.int64)
-    at = np.flatnonzero(ok & (t == _SEQ))
-    if len(at):
-        r, a, length = row[at], c0[at], (c1 - c0)[at]
-        good = (length >= 1) & (length <= 18)
-        digits = rows_of[a + _PAD][:, :18] - np.uint8(ord("0"))
-        value = np.zeros(len(r), np.int64)
-        for d in range(int(length[good].max()) if good.any() else 0):
-            inside = d < length
-            good &= ~inside | (digits[:, d] < 10)
+    at = find(_SEQ_KW)
+    has = np.flatnonzero(at >= 0)
+    if len(has):
+        a = at[has] + len(_SEQ_KW)
+        digits = rows_of[a + _PAD][:, :_MAX_DIGITS + 1] - np.uint8(ord("0"))
+        other = digits > 9
+        run = np.where(other.any(1), other.argmax(1), _MAX_DIGITS + 1)
+        run = np.minimum(run, hi[has] - a)  # the digit run, cut at the row's end (the next row's bytes follow)
+        after = rows_of[a + run.clip(0, _MAX_DIGITS) + _PAD][:, 0]
+        good = (run >= 1) & (run <= _MAX_DIGITS) & ((a + run == hi[has]) | (after == ord(",")))
+        value = np.zeros(len(has), np.int64)
+        for d in range(int(run[good].max()) if good.any() else 0):
+            inside = d < run
             value = np.where(inside, value * 10 + digits[:, d], value)
-        seq[r[good]] = value[good]
-        bad[r[~good]] = True
-    s0 = np.full(n, -1, np.int64)
+        seq[has[good]] = value[good]
+        bad[has[~good]] = True
+
+    s0 = find(_SIZES_KW)
+    has = np.flatnonzero(s0 >= 0)
+    s0[has] += len(_SIZES_KW)
     s1 = np.full(n, -1, np.int64)
-    at = np.flatnonzero(ok & (t == _SIZES))
-    s0[row[at]] = c0[at]
-    s1[row[at]] = c1[at]
+    s1[has] = hi[has]
+    # the input ids keyword holds an "=", which sizes never do: only a sizes part with one needs the search
+    cut = has[:0]
+    if len(has):
+        eq = np.flatnonzero(data[off[0]:off[-1]] == ord("=")) + off[0]
+        last = np.searchsorted(eq, hi[has]) - 1  # the sizes keyword's own "=" is there: last >= 0
+        cut = has[eq[last] >= s0[has]]
+    if len(cut):
+        inp = find(_INPUT_KW)[cut]
+        after = inp >= s0[cut]
+        s1[cut[after]] = inp[after]
+        bad[cut[(inp >= 0) & ~after]] = True  # an input keyword before the sizes: the next one may follow them
     s0[bad] = -1
     return lo, name_end, seq, s0, s1, bad, grid
 

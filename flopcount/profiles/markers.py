@@ -95,8 +95,3 @@ def is_aten(name: str) -> bool:
 def packet(name: str) -> str:
     """``aten::addmm`` -> ``aten.addmm`` (the formula table's naming)."""
     return name.replace("::", ".", 1)
-
-
-def first_line(exc, limit: int = 200) -> str:
-    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    return text[:limit]

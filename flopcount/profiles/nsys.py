@@ -1,7 +1,7 @@
 """Read an ``nsys export --type sqlite`` file: NVTX ranges, kernels, and each kernel's launch, set-wise.
 
 The bulk tables are read as Arrow record batches through the ADBC SQLite driver (sqlarrow.py), a batch at a time,
-so no Python object is made per row. Marker texts are split by a vectorised scan (arrowsplit.py) and
+so no Python object is made per row. Marker texts are split batch-wise (arrowsplit.py) and
 dictionary-encoded (a profile has hundreds of op names and a few thousand argument sizes among millions of
 ranges), and the text is dropped batch by batch, so memory is a few numeric columns per row. (Measured against
 DuckDB's SQLite scanner on the same 2,000,000-range export: ADBC read it in 0.8 s of CPU against 1.3 s, and needs

@@ -103,15 +103,16 @@ def find(keys: np.ndarray, table: np.ndarray) -> np.ndarray:
     """Position of each key in ``table`` (sorted, distinct), -1 where absent: through a dense array where the
     table's values are dense (sequence numbers are), else a binary search."""
     keys = np.asarray(keys, np.int64)
-    pos = np.full(len(keys), -1, np.int64)
     if len(table) == 0 or len(keys) == 0:
-        return pos
+        return np.full(len(keys), -1, np.int64)
     low, high = int(table[0]), int(table[-1])
     if high - low < 4 * (len(table) + len(keys)) + (1 << 20):
-        dense = np.full(high - low + 1, -1, np.int64)
-        dense[table - low] = np.arange(len(table))
-        inside = (keys >= low) & (keys <= high)
-        return np.where(inside, dense[np.where(inside, keys - low, 0)], -1)
+        # one slot per value, padded by one -1 on each side that every key outside the table is clipped to (keys
+        # and values are sequence numbers, under 10**18: the difference cannot wrap)
+        dense = np.full(high - low + 3, -1, np.int64)
+        dense[table - low + 1] = np.arange(len(table))
+        return dense[np.clip(keys - (low - 1), 0, high - low + 2)]
+    pos = np.full(len(keys), -1, np.int64)
     at = np.minimum(np.searchsorted(table, keys), len(table) - 1)
     hit = table[at] == keys
     pos[hit] = at[hit]

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import arrowsplit, markers
+from ..errors import one_line
+from . import arrowsplit
 from .files import ProfileError
 
 EXTRA = "profiles"
@@ -57,7 +58,7 @@ def batches(uri: str, sql: str, path: str):
     try:
         con = adbc.connect(uri)
     except Exception as exc:
-        raise ProfileError(f"{path}: unreadable SQLite file ({markers.first_line(exc)})") from None
+        raise ProfileError(f"{path}: unreadable SQLite file ({one_line(exc, 200)})") from None
     try:
         cur = con.cursor()
         try:
@@ -78,7 +79,7 @@ def batches(uri: str, sql: str, path: str):
         except ProfileError:
             raise
         except Exception as exc:
-            raise ProfileError(f"{path}: corrupt or truncated SQLite file ({markers.first_line(exc)})") from None
+            raise ProfileError(f"{path}: corrupt or truncated SQLite file ({one_line(exc, 200)})") from None
         finally:
             cur.close()
     finally:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .config import NVTX_METHODS, StudyConfig, StudyError
+from .config import NVTX_METHODS, StudyConfig
 
 
 class TorchBackend:
