@@ -156,6 +156,26 @@ def test_probe_matmul_is_a_plausible_rate():
     assert 1e8 < rate < 1e14
 
 
+def test_probe_matmul_keeps_the_fastest_size(monkeypatch):
+    """Sizes double from 256 until a product takes long enough; the figure is the size that ran fastest, not the
+    last one tried (a BLAS library can run an in-between size far slower)."""
+    import flopcount.timing as timing
+
+    seconds = {256: 1e-3, 512: 4e-3, 1024: 40e-3, 2048: 400e-3}  # 512 is the fastest per FLOP
+    tried = []
+
+    def fake_measure(fn, *, repeats, warmup, label):
+        n = int(label.split()[-1])
+        tried.append(n)
+        return timing.Measurement([seconds[n]] * repeats, warmup=warmup, label=label)
+
+    monkeypatch.setattr(timing, "measure", fake_measure)
+    reading = devices.probe_matmul(max_n=4096, budget_s=1.2)
+    assert tried == [256, 512, 1024, 2048]  # 2048 took 0.4 s >= 1.2 / 12: the last size tried
+    assert reading.work == 2 * 512 ** 3
+    assert reading.rate(best=True) == 2 * 512 ** 3 / 4e-3
+
+
 def test_device_spec_ridge():
     spec = DeviceSpec(name="x", peaks={"fp32": 10e12}, bandwidth=1e12, source="test")
     assert spec.ridge == {"fp32": 10.0}

@@ -18,12 +18,11 @@ from flopcount.profiles.flops import Context, derive
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-SHARED = HERE.parent.parent / "shared" / "fixtures" / "kineto"
-KINETO = Path(os.environ.get("FLOPCOUNT_KINETO_FIXTURES", SHARED))
+KINETO = Path(os.environ.get("FLOPCOUNT_KINETO_FIXTURES", HERE / "fixtures" / "kineto"))
 MI250 = KINETO / "mi250_minitoy_train.json.gz"
 A100 = KINETO / "a100_dlrm_train_control.json.gz"
 CPU_ONLY = KINETO / "cpu_only_rank34.json.gz"
-needs_kineto = pytest.mark.skipif(not MI250.exists(), reason="Kineto fixtures missing (shared/fixtures/kineto)")
+needs_kineto = pytest.mark.skipif(not MI250.exists(), reason="Kineto fixtures missing (tests/fixtures/kineto)")
 
 Q = [2, 4, 16, 8]  # (B, H, L, E): 256 scores per head
 K = [2, 16, 4, 8]  # the same in (B, L, H, E)

@@ -169,3 +169,13 @@ def test_nvtx_rows_from_a_recorded_step_agree_with_dispatch(tmp_path):
     assert dedup.seconds == naive.seconds > 0  # the median marked step, read from the one recording
     # the study's old tool counted an op's FLOPs once per kernel and enclosing range
     assert naive.flops > dispatch.flops
+
+
+def test_default_estimators_leave_out_the_language_model_closed_forms():
+    """The study's models take images: kaplan and palm (token ids only) are not in its default grid, where they
+    would only add error rows; the counting peers are."""
+    from flopcount.estimators import available
+
+    names = TorchBackend(StudyConfig(models=["resnet18"], batch_sizes=[1], device="cpu")).estimators()
+    assert "kaplan" not in names and "palm" not in names
+    assert {"kaplan", "palm", "fvcore"} <= set(available()) and "fvcore" in names

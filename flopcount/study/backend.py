@@ -37,10 +37,12 @@ class TorchBackend:
         return "cpu"
 
     def estimators(self) -> List[str]:
-        from ..estimators import available
+        from ..estimators import available, get_estimator
 
-        # "theory" is fvcore x 3 (the same forward count as fvcore) and the name of a time method here
-        names = [e for e in available() if e not in ("dispatch", "theory")]
+        # "theory" is fvcore x 3 (the same forward count as fvcore) and the name of a time method here; the closed
+        # forms for language models (kaplan, palm) need token ids, and the study's models take images
+        names = [e for e in available() if e not in ("dispatch", "theory")
+                 and get_estimator(e).capabilities.inputs != "tokens"]
         return names + (list(NVTX_METHODS) if self.nvtx_available() else [])
 
     def nvtx_available(self) -> bool:
