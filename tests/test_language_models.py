@@ -42,7 +42,10 @@ def test_checkpointed_decoder_layers_are_recomputed_once_each():
     layers = [m for m in fwd.index if m.startswith("model.layers.")]
     leaves = [m for m in layers if not any(o.startswith(m + ".") for o in layers)]
     assert leaves and all(rec.get(m, 0) == fwd[m] for m in leaves)   # each projection, norm and activation again
-    # in all, the decoder layers' forward once more (the layers' own residual adds land on the checkpoint's caller)
+    # every decoder layer's own ops too (its residual adds), though transformers re-runs its forward without its
+    # hooks: they go to the layer that made the checkpoint's node, none to the model or the root
+    assert all(rec.get(m, 0) == fwd[m] for m in layers)
+    assert set(rec[rec > 0].index) <= set(layers)
     layer_forward = sum(fwd[m] for m in layers)
     assert r.total("recompute") == layer_forward
     assert not any(rec.get(m, 0) for m in fwd.index if m.startswith(("lm_head", "model.norm", "model.embed")))

@@ -135,6 +135,17 @@ class _Counter(TorchDispatchMode):
             return self._param_owner.get(id(var), "") if var is not None else ""
         return self._seq_owner.get(seq, "")
 
+    def _recomputed_module(self, default: str) -> str:
+        """The module of an op a reentrant checkpoint re-runs outside every module's hooks: the one that called the
+        checkpoint, which made its node. (transformers checkpoints a layer's ``forward``, not its call, so that
+        the layer's hooks do not run twice: its own ops, the residual adds, re-run with no module entered.) A
+        non-reentrant recompute is started by whichever saved tensor is unpacked first, a node that does not say
+        which module checkpointed; its ops stay on the module on the stack."""
+        node = _current_node()
+        if node is not None and node.name() == "CheckpointFunctionBackward":
+            return self._module_of_node(node) or default
+        return default
+
     def claim(self) -> None:
         """Tag every autograd node made since the last claim with the module on top of the stack.
 
@@ -172,6 +183,8 @@ class _Counter(TorchDispatchMode):
             phase = "recompute"
         if phase in ("forward", "recompute"):
             module = self.stack[-1]
+            if phase == "recompute" and len(self.stack) == 1:
+                module = self._recomputed_module(module)
             self.claim()
         elif phase == "backward":
             module = self._module_of_node(_current_node())
