@@ -1,9 +1,11 @@
 """A GPU check in one command (under 5 minutes): time resnet50, mobilenet_v2 and a small GPT-2-like transformer
-training step (fp32 and bf16 autocast) with CUDA events, give utilization against the datasheet row of the GPU
-found, record a torch.profiler trace (and, with ``nsys`` on PATH, an Nsight export) of one step, analyse them, and
-put the dispatch, trace and NVTX counts side by side in one JSON and a short markdown summary.
+training step (fp32, and bf16 under autocast) with CUDA events, give utilization against the datasheet row of the
+GPU found, record a torch.profiler trace (and, with ``nsys`` on PATH, an Nsight export) of one step, analyse them,
+and put the dispatch, trace and NVTX counts side by side in one JSON and a short markdown summary.
 
 Usage: ``python -m experiments.gpu_check [--out data/results/gpu]``. Without a CUDA GPU it stops with one line.
+``--device cpu --quick`` runs the same pipeline on the CPU with small batches: what the tests run, so that the
+first GPU session does not find the pipeline's bugs.
 """
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ import shutil
 import sys
 import time
 
-MODELS = (("resnet50", 32, None), ("mobilenet_v2", 32, None), ("gpt2-small", 8, None))
+# (model, batch); the GPT-2-like block takes (batch, tokens) token ids
+MODELS = (("resnet50", 32), ("mobilenet_v2", 32), ("gpt2-small", (8, 128)))
+QUICK = {"resnet50": 2, "mobilenet_v2": 2, "gpt2-small": (2, 32)}
 
 
 def counts_side_by_side(dispatch, trace_analysis, nvtx_analysis=None) -> dict:
@@ -28,7 +32,7 @@ def counts_side_by_side(dispatch, trace_analysis, nvtx_analysis=None) -> dict:
     return row
 
 
-def _gpt2_small():
+def _gpt2_small(batch, tokens):
     import torch
     from torch import nn
 
@@ -45,58 +49,102 @@ def _gpt2_small():
             mask = nn.Transformer.generate_square_subsequent_mask(ids.shape[1], device=ids.device)
             return self.head(self.layers(x, mask=mask, is_causal=True)).flatten(0, 1)
 
-    return Block(), torch.randint(0, 1000, (8, 128))
+    return Block(), torch.randint(0, 1000, (batch, tokens))
+
+
+def _time(model_name, batch, device, autocast, steps):
+    """One utilization row: FLOPs, seconds and utilization of the step (CUDA events on a GPU)."""
+    from flopcount.utilization import from_spec, utilization
+
+    options = dict(device=device, autocast=autocast, steps=steps, warmup=max(1, steps // 2))
+    if model_name == "gpt2-small":
+        model, ids = _gpt2_small(*batch)
+        u = utilization(model.to(device), ids.to(device), model_name=model_name, **options)
+    else:
+        u, _ = from_spec(model_name, batch, **options)
+    return {"flops_per_step": u.flops_per_step, "seconds_per_step": u.seconds_per_step,
+            "utilization": u.utilization, "peak_flops": u.peak_flops, "peak_source": u.peak_source}
+
+
+def _profiles(model_name, batch, device, out):
+    """Dispatch, trace and (with nsys on a GPU) NVTX counts of one recorded step of ``model_name``."""
+    import flopcount
+    from flopcount.profiles import kineto
+    from flopcount.profiles.capture import capture, capture_kineto, training_step
+
+    trace = kineto.analyze(capture_kineto(model_name, batch, out=os.path.join(out, f"{model_name}-trace"),
+                                          device=device))
+    nvtx = None
+    if device == "cuda" and shutil.which("nsys"):
+        from flopcount.profiles import analyze
+
+        nvtx = analyze(capture(model_name, batch, out=os.path.join(out, f"{model_name}-nsys")))
+    # counted on meta with the kernel choices of the device the trace was recorded on
+    step = training_step(model_name, batch, device="meta")
+    dispatch = flopcount.count(step.model, step.inputs, as_device=device)
+    return counts_side_by_side(dispatch, trace, nvtx)
+
+
+def _markdown(doc) -> str:
+    lines = [f"# GPU check: {doc['device']}", "", f"torch {doc['torch']}, {doc['seconds']:.0f} s in all.", "",
+             "| model | autocast | utilization | s/step | peak FLOP/s (source) |", "| --- | --- | --- | --- | --- |"]
+    for r in doc["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['autocast'] or '-'} | {r['error']} | | |")
+        else:
+            lines.append(f"| {r['model']} | {r['autocast'] or '-'} | {r['utilization']:.3f} | "
+                         f"{r['seconds_per_step']:.4g} | {r['peak_flops']:.3g} ({r['peak_source'].split(':')[0]}) |")
+    lines += ["", "| model | phase | dispatch | trace | nvtx |", "| --- | --- | --- | --- | --- |"]
+    for model, row in doc.get("counts", {}).items():
+        if "error" in row:
+            lines.append(f"| {model} | | {row['error']} | | |")
+            continue
+        for phase, c in row.items():
+            cells = ["-" if c[k] is None else f"{c[k]:,}" for k in ("dispatch", "trace", "nvtx")]
+            lines.append(f"| {model} | {phase} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _one_line(exc) -> str:
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=os.path.join("data", "results", "gpu"))
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="cpu: the same pipeline on the CPU (a dry run for the tests)")
+    p.add_argument("--quick", action="store_true", help="small batches and few steps")
     a = p.parse_args(argv)
     import torch
 
-    if not torch.cuda.is_available():
+    if a.device == "cuda" and not torch.cuda.is_available():
         print("gpu_check: no CUDA GPU is available: this check times and profiles GPU training steps", file=sys.stderr)
         return 2
-    import flopcount
-    from flopcount.profiles import kineto
-    from flopcount.profiles.capture import capture, capture_kineto, training_step
-
     os.makedirs(a.out, exist_ok=True)
-    name = torch.cuda.get_device_name()
-    doc = {"device": name, "torch": torch.__version__, "rows": []}
+    name = torch.cuda.get_device_name() if a.device == "cuda" else "cpu"
+    doc = {"device": name, "torch": torch.__version__, "rows": [], "counts": {}}
+    steps = 2 if a.quick else 10
     t0 = time.time()
-    for model_name, batch, _ in MODELS:
-        for dtype in ("float32", "bfloat16"):
-            row = {"model": model_name, "batch": batch, "dtype": dtype}
+    for model_name, batch in MODELS:
+        batch = QUICK[model_name] if a.quick else batch
+        for autocast in (None, "bfloat16"):
+            row = {"model": model_name, "batch": batch, "autocast": autocast}
             try:
-                if model_name == "gpt2-small":
-                    model, x = _gpt2_small()
-                    u = flopcount.utilization(model.cuda(), x.cuda(), device="cuda", dtype=dtype)
-                else:
-                    u = flopcount.utilization(model_name, batch, device="cuda", dtype=dtype)
-                row.update({"flops_per_step": u.flops_per_step, "seconds_per_step": u.seconds_per_step,
-                            "utilization": u.utilization, "peak_flops": u.peak_flops, "peak_source": u.peak_source})
+                row.update(_time(model_name, batch, a.device, autocast, steps))
             except Exception as exc:  # one row failing must not lose the others
-                row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                row["error"] = _one_line(exc)
             doc["rows"].append(row)
-        if model_name != "gpt2-small":
-            trace = capture_kineto(model_name, batch, out=os.path.join(a.out, f"{model_name}-trace"))
-            ta = kineto.analyze(trace)
-            s = training_step(model_name, batch, device="cpu")
-            na = None
-            if shutil.which("nsys"):
-                from flopcount.profiles import analyze
-
-                na = analyze(capture(model_name, batch, out=os.path.join(a.out, f"{model_name}-nsys")))
-            doc.setdefault("counts", {})[model_name] = counts_side_by_side(flopcount.count(s.model, s.inputs), ta, na)
+        if model_name != "gpt2-small":  # a model spec: the capture builds it
+            try:
+                doc["counts"][model_name] = _profiles(model_name, batch, a.device, a.out)
+            except Exception as exc:
+                doc["counts"][model_name] = {"error": _one_line(exc)}
     doc["seconds"] = time.time() - t0
     with open(os.path.join(a.out, "gpu_check.json"), "w") as fh:
         json.dump(doc, fh, indent=2, default=str)
-    lines = [f"# GPU check: {name}", "", "| model | dtype | utilization | s/step |", "| --- | --- | --- | --- |"]
-    lines += [f"| {r['model']} | {r['dtype']} | {r.get('utilization', r.get('error'))} | {r.get('seconds_per_step')} |"
-              for r in doc["rows"]]
     with open(os.path.join(a.out, "gpu_check.md"), "w") as fh:
-        fh.write("\n".join(lines) + "\n")
+        fh.write(_markdown(doc))
     print(os.path.join(a.out, "gpu_check.json"))
     return 0
 

@@ -421,3 +421,21 @@ def test_gpu_check_analysis_on_a_trace():
     row = gpu_check.counts_side_by_side(Counted(), kineto.analyze(MI250))
     assert row["forward"] == {"dispatch": 167_040, "trace": 167_040, "nvtx": None}
     assert row["backward"]["trace"] == row["backward"]["dispatch"]
+
+
+@pytest.mark.slow
+def test_gpu_check_pipeline_runs_on_the_cpu(tmp_path):
+    """The whole check (timing with and without autocast, a recorded trace, the counts side by side) as a dry run
+    on the CPU: the recorded traces give exactly the dispatch count."""
+    from experiments import gpu_check
+
+    assert gpu_check.main(["--device", "cpu", "--quick", "--out", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert [(r["model"], r["autocast"]) for r in doc["rows"]] == [
+        (m, a) for m in ("resnet50", "mobilenet_v2", "gpt2-small") for a in (None, "bfloat16")]
+    assert all("error" not in r and r["utilization"] > 0 and r["flops_per_step"] > 0 for r in doc["rows"])
+    assert set(doc["counts"]) == {"resnet50", "mobilenet_v2"}
+    for row in doc["counts"].values():
+        for phase in ("forward", "backward"):
+            assert row[phase]["trace"] == row[phase]["dispatch"] > 0 and row[phase]["nvtx"] is None
+    assert "| resnet50 | forward |" in (tmp_path / "gpu_check.md").read_text()
