@@ -67,8 +67,15 @@ def nest_levels(start: np.ndarray, end: np.ndarray, tids: np.ndarray):
     parent = np.full(len(start), -1, dtype=index)
     for _, lo, hi in _thread_slices(tids):
         s, e = start[lo:hi], end[lo:hi]
-        # ends at or before each start; a zero-length range counts its own end, hence the correction
-        ended = np.searchsorted(np.sort(e, kind="stable"), s, side="right") - (e <= s)
+        # the ranges that ended at or before each start: every range with end <= start, less the zero-length ones
+        # that start at that very time from this row on (itself included), which sort after it (-end orders
+        # them last among equal starts) and are inside it, not before it (a Kineto op of 1 us ends where it starts)
+        ended = np.searchsorted(np.sort(e, kind="stable"), s, side="right")
+        zero = e == s
+        if zero.any():
+            later = np.cumsum(zero[::-1])[::-1]  # zero-length rows from each row to the end
+            group_end = np.searchsorted(s, s, side="right")  # one past the last row of the same start
+            ended -= later - np.append(later, 0)[group_end]
         depth[lo:hi] = np.maximum(np.arange(hi - lo) - ended, 0)
     by_level = levels(depth)
     for d in range(1, len(by_level)):
