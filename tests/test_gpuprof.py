@@ -132,9 +132,9 @@ def test_a100_trace_devices_and_time():
     a = kineto.analyze(A100)
     assert a.devices[0] == "NVIDIA A100-PG509-200" and a.kernels > 8_000 and a.kernels_unlaunched == 0
     assert a.gpu_seconds("backward") > 0 and a.flops_per_s("backward") > 0
-    # every matmul is its own op, counted once: exactly the sum worked out from the file (this trace has 1-us ops,
-    # which end where they start, beside the ops they sit in; they once put 104 linear layers inside the clamp
-    # before them, and their addmm FLOPs went missing)
+    # every matmul is its own op, counted once: exactly the sum worked out from the file (this trace has ops of
+    # duration 0, under 1 us, at the start of the ops they sit in; they once put 104 linear layers inside the
+    # clamp before them, and their addmm FLOPs went missing)
     mine = int(a.ops[a.ops["op"].isin(["aten.mm", "aten.addmm", "aten.bmm"])]["flops"].sum())
     assert mine == _leaf_matmul_flops(A100) > 0
 

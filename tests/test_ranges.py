@@ -1,6 +1,6 @@
 """Nesting of ranges (depth and parent), against a stack walked range by range: properly nested ranges of several
-threads, with zero-length ranges (a Kineto op of 1 us ends where it starts) at the start of the range they sit
-in, at the start of the next one, and on their own."""
+threads, with zero-length ranges (Kineto gives an op under 1 us a duration of 0) at the start of the range they
+sit in, at the start of the next one, and on their own."""
 import random
 
 import numpy as np

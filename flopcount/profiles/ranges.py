@@ -68,8 +68,8 @@ def nest_levels(start: np.ndarray, end: np.ndarray, tids: np.ndarray):
     for _, lo, hi in _thread_slices(tids):
         s, e = start[lo:hi], end[lo:hi]
         # the ranges that ended at or before each start: every range with end <= start, less the zero-length ones
-        # that start at that very time from this row on (itself included), which sort after it (-end orders
-        # them last among equal starts) and are inside it, not before it (a Kineto op of 1 us ends where it starts)
+        # that start at that very time from this row on (itself included), which sort after it (-end orders them
+        # last among equal starts) and are inside it, not before it (Kineto gives an op under 1 us a duration of 0)
         ended = np.searchsorted(np.sort(e, kind="stable"), s, side="right")
         zero = e == s
         if zero.any():
