@@ -103,7 +103,7 @@ def nsys_table(a, profile: str, naive: bool = False, top=None, notes=(), width=N
         label = "naive (every kernel x every enclosing range)" if naive else "de-duplicated (each op once)"
         title.append("  " + "  ".join(f"{p} {R.si(a.report.total(p))}" for p in a.report.phases)
                      + f"  FLOPs, {label}")
-        title.append("  achieved " + "  ".join(f"{p} {R.si(a.flops_per_s(p))}FLOP/s" for p in a.report.phases))
+        title.append("  achieved " + "  ".join(f"{p} {R.si(a.flops_per_s(p), 'FLOP/s')}" for p in a.report.phases))
     cols = [R.Col("op"), R.Col("phase"), R.Col("flops", R.FLOPS, "FLOPs"),
             R.Col("naive_flops", R.FLOPS, "naive", drop=3), R.Col("calls", R.INT, drop=1),
             R.Col("kernels", R.INT, drop=2), R.Col("gpu_s", R.SECONDS, time_label),
