@@ -128,6 +128,16 @@ def test_matmul_flops_equal_an_independent_sum():
 
 
 @needs_kineto
+def test_integer_ops_are_zero_even_where_their_sizes_fit_no_schema():
+    """The sampled trace's TorchScript ops record their inputs shifted (a leading empty entry): an op on integer
+    tensors only is still no floating-point work; a float op whose sizes fit no schema stays listed, not 0."""
+    a = kineto.analyze(KINETO / "sampled_rank0_train.json.gz")
+    underived = [n for n in a.notes if n.startswith("FLOPs not derived")]
+    assert not any(" of aten.cumsum:" in n or " of aten.sum:" in n or " of aten.eq:" in n for n in underived)
+    assert any(" of aten.pow:" in n and "fit no schema" in n for n in underived)
+
+
+@needs_kineto
 def test_a100_trace_devices_and_time():
     a = kineto.analyze(A100)
     assert a.devices[0] == "NVIDIA A100-PG509-200" and a.kernels > 8_000 and a.kernels_unlaunched == 0

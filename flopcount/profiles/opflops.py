@@ -219,8 +219,10 @@ def op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, fmt, no
                 ctx = Context(input_needs_grad=bool(nd), forward_has_bias=None if hb < 0 else bool(hb))
             try:
                 f, reason = derive(str(name_cats[nc]), args[0], ctx, values=args[2], types=args[1])
-                if f and integer_only(args[1]):
-                    f = 0  # integer work is not floating-point work (num_batches_tracked += 1)
+                if f != 0 and integer_only(args[1]):
+                    # integer work is not floating-point work (num_batches_tracked += 1), whether or not the
+                    # recorded sizes fit the op's schema (a TorchScript op may record its inputs shifted)
+                    f, reason = 0, ""
             except (RecursionError, MemoryError, OverflowError) as exc:
                 f, reason = None, f"sizes too large or too deep for a formula ({type(exc).__name__})"
         if f is not None and not 0 <= f < 1 << 62:
