@@ -36,6 +36,7 @@ from ..report import COUNTED, UNCOUNTED, ZERO, FlopReport
 from .base import Capabilities, Request
 from . import fallback
 from .kernels import kernels_as
+from .known_values import known_values
 
 _get_sequence_nr = torch._C._autograd._get_sequence_nr
 _current_node = torch._C._current_autograd_node
@@ -338,6 +339,7 @@ def _run(model, inputs, *, backward, loss_fn, device, optimizer, as_device, opti
             stack.enter_context(make.mode)
         if device == "meta":
             stack.enter_context(kernels_as(as_device))
+            stack.enter_context(known_values())
         counter.stack = stack.enter_context(module_stack(model, on_change=counter.claim))
         stack.enter_context(_stand_ins(model, params))
         stack.enter_context(torch.enable_grad() if backward else torch.no_grad())
