@@ -147,9 +147,15 @@ def resolve_device(device) -> torch.device:
 
 # --- the model ------------------------------------------------------------------------------------------------------
 def unwrap(model):
-    """The module under a DistributedDataParallel / DataParallel wrapper (the counter needs the plain module)."""
-    inner = getattr(model, "module", None)
-    return inner if isinstance(inner, torch.nn.Module) else model
+    """The module under a DistributedDataParallel / DataParallel wrapper and under ``torch.compile``'s (the counter
+    needs the plain module, whose names are the model's own: no ``module.`` or ``_orig_mod.`` before them)."""
+    while True:
+        inner = getattr(model, "_orig_mod", None) if type(model).__name__ == "OptimizedModule" else None
+        if inner is None:
+            inner = getattr(model, "module", None)
+        if not isinstance(inner, torch.nn.Module) or inner is model:
+            return model
+        model = inner
 
 
 def model_device(model) -> torch.device:

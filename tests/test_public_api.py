@@ -85,3 +85,16 @@ def test_a_model_error_names_the_model_and_its_input(tmp_path, capsys):
     code, out, err = run(capsys, "count", f"{path}:build", "--input-shape", "7")
     assert code == 2 and len(err) == 1
     assert err[0].startswith("flopcount: error: running build on input 1x7 failed: RuntimeError: ")
+
+
+def test_a_compiled_or_wrapped_model_counts_as_its_plain_module():
+    """torch.compile and DataParallel wrap the module (names gain ``_orig_mod.`` / ``module.``); the count is that
+    of the plain module, with its own names, and the wrapper is never run (a compile would take minutes)."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                                torch.nn.Linear(8 * 6 * 6, 4))
+    x = torch.randn(2, 3, 8, 8)
+    key = ["module", "op", "phase"]
+    plain = flopcount.count(model, x).frame.groupby(key)["flops"].sum().to_dict()
+    for wrapped in (torch.compile(model), torch.nn.DataParallel(model), torch.nn.DataParallel(torch.compile(model))):
+        assert flopcount.count(wrapped, x).frame.groupby(key)["flops"].sum().to_dict() == plain
+    assert {m for m, _, _ in plain} >= {"0", "1", "3"}

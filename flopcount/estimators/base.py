@@ -162,8 +162,11 @@ def make_request(model, inputs, *, backward: bool = True, loss_fn: Optional[Call
     if unknown:
         raise EstimatorError(f"unknown option(s) {', '.join(sorted(unknown))}; the step's options are "
                              f"{', '.join(_OPTIONS)}")
+    from ..step import unwrap
+
     phases = ("forward",) + (("backward",) if backward else ()) + (("optimizer",) if optimizer is not None else ())
-    return Request(model=model, inputs=inputs, phases=phases, loss_fn=loss_fn, optimizer=optimizer,
+    # a compiled or DDP-wrapped model is counted through its plain module: the same parameters, its own names
+    return Request(model=unwrap(model), inputs=inputs, phases=phases, loss_fn=loss_fn, optimizer=optimizer,
                    device=None if device is None or str(device) == "meta" else device, model_name=model_name,
                    as_device=as_device)
 
