@@ -84,6 +84,28 @@ def test_transformers_count_on_meta_as_a_real_cpu_run(name, checkpointed):
     assert (meta.total("recompute") > 0) == checkpointed
 
 
+def test_mixture_of_experts_counts_its_grouped_products():
+    """Mixtral's experts run as grouped matrix products (``torch._grouped_mm``): per layer, the routed rows
+    (tokens x experts per token) through gate+up (H -> 2I) and down (I -> H), backward twice that; on meta too,
+    where PyTorch's meta kernel wants half precision (the CPU's takes fp32), and equal to a real CPU run."""
+    batch, seq, hidden, inter, top_k, layers = 2, 32, 64, 128, 2, 2
+    meta, cpu = (flopcount.count(*(hf("mixtral-tiny") if d == "meta" else _built("mixtral-tiny", d))[:2], device=d)
+                 for d in ("meta", "cpu"))
+    assert meta.meta["device"] == "meta"
+    rows = batch * seq * top_k
+    per_layer = 2 * rows * hidden * 2 * inter + 2 * rows * inter * hidden
+    f = meta.frame[meta.frame["op"] == "aten._grouped_mm"]
+    assert f[f["phase"] == "forward"]["flops"].sum() == layers * per_layer
+    assert f[f["phase"] == "backward"]["flops"].sum() == 2 * layers * per_layer
+    key = ["module", "op", "phase"]
+    flops = [r.frame.groupby(key)["flops"].sum() for r in (meta, cpu)]
+    differ = {k for k in set(flops[0][flops[0] != 0].index) ^ set(flops[1][flops[1] != 0].index)}
+    # transformers counts the tokens per expert with histc on floats on the CPU, on ints elsewhere (meta takes that
+    # path): a cumsum over the 4 experts' counts, 4 FLOPs a layer on the CPU only
+    assert differ == {(f"model.layers.{i}.mlp.experts", "aten.cumsum", "forward") for i in range(layers)}
+    assert all(flops[0][k] == flops[1][k] for k in flops[0][flops[0] != 0].index)
+
+
 def _built(name, device, batch=2, seq_len=32):
     from flopcount.models import build
 

@@ -225,3 +225,25 @@ def test_a_meta_model_flopcount_cannot_rebuild_says_what_to_do():
         model = NeedsValues()
     with pytest.raises(fallback.NeedsRealTensors, match="device='cpu'"):
         flopcount.count(model, torch.randn(3, 4))
+
+
+def test_attention_with_a_learned_mask_takes_the_cpus_math_path():
+    """A mask that is a parameter (Swin's relative position bias) needs a gradient, which the CPU's flash kernel
+    cannot give: PyTorch's CPU chooser takes the math path, and so must a count on meta (it used to ask the
+    chooser with a mask that wanted no gradient, and called the flash kernel, which refused)."""
+    class Biased(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(8, 8)
+            self.bias = nn.Parameter(torch.zeros(1, 2, 16, 16))
+
+        def forward(self, x):
+            q = self.proj(x)
+            return F.scaled_dot_product_attention(q, q, q, attn_mask=self.bias)
+
+    model, x = Biased(), torch.randn(2, 2, 16, 8)
+    meta, cpu = flopcount.count(model, x), flopcount.count(model, x, device="cpu")
+    key = ["module", "op", "phase"]
+    assert meta.frame.groupby(key)["flops"].sum().to_dict() == cpu.frame.groupby(key)["flops"].sum().to_dict()
+    ops = set(meta.frame["op"])
+    assert not any("flash" in op for op in ops) and {"aten.bmm", "aten._safe_softmax"} <= ops  # the math path

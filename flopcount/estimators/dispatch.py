@@ -35,7 +35,7 @@ from ..step import (batch_size_of, call_model, default_loss, meta_like, module_s
 from ..report import COUNTED, UNCOUNTED, ZERO, FlopReport
 from .base import Capabilities, Request
 from . import fallback
-from .kernels import kernels_as
+from .kernels import call_simulated, kernels_as
 from .known_values import known_values
 
 _get_sequence_nr = torch._C._autograd._get_sequence_nr
@@ -168,7 +168,7 @@ class _Counter(TorchDispatchMode):
         if info is None:
             info = self._ops[func] = _OpInfo(func)
         try:
-            out = func(*args, **kwargs)
+            out = call_simulated(func, args, kwargs) if self.simulated else func(*args, **kwargs)
         except Exception:
             if self.simulated:
                 self.needs_values = info.name

@@ -30,6 +30,7 @@ TARGETS = ("cpu", "cuda")
 MATH, FLASH, EFFICIENT = 0, 1, 2  # PyTorch's SDPBackend numbering
 _LSTM_MODE = 2
 _aten = torch.ops.aten
+_GROUPED_MM = _aten._grouped_mm.default
 
 
 def simulated(t) -> bool:
@@ -44,11 +45,13 @@ def simulated(t) -> bool:
 
 
 def _stand_in(t: torch.Tensor) -> torch.Tensor:
-    """A CPU tensor of ``t``'s shape and dtype holding one row of data: enough for a kernel chooser, which reads
-    sizes, dtypes and the last dimension's stride, never values."""
+    """A CPU tensor of ``t``'s shape, dtype and ``requires_grad`` holding one row of data: enough for a kernel
+    chooser, which reads sizes, dtypes, the last dimension's stride and whether a gradient is wanted (the CPU's
+    flash kernel has none for a mask: a learned mask, Swin's position bias, takes the math path), never values."""
     step = 1 if t.dim() == 0 or t.stride(-1) == 1 else 2
     last = t.shape[-1] if t.dim() else 1
-    row = torch.empty(max(last, 1) * step, dtype=t.dtype)[::step][:last]
+    row = torch.empty(max(last, 1) * step, dtype=t.dtype, requires_grad=t.requires_grad and t.is_floating_point())
+    row = row[::step][:last]
     return row.expand(t.shape) if t.dim() else row.reshape(())
 
 
@@ -60,6 +63,23 @@ def cpu_choice(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> i
         mask = _stand_in(attn_mask) if isinstance(attn_mask, torch.Tensor) else None
         return int(_aten._fused_sdp_choice(_stand_in(q), _stand_in(k), _stand_in(v), mask, dropout_p, is_causal,
                                            scale=scale, enable_gqa=enable_gqa))
+
+
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def call_simulated(func, args, kwargs):
+    """``func(*args, **kwargs)`` on meta (or fake) tensors, where PyTorch's meta kernel refuses what the CPU's
+    kernel takes: the grouped matrix product of a mixture of experts (``torch._grouped_mm``), whose meta kernel
+    follows the GPU's and wants bf16 or fp16, while the CPU's takes fp32 too. Its shapes are checked by the meta
+    kernel on half-precision stand-ins; the result has the dtype the CPU gives."""
+    if func is _GROUPED_MM and len(args) >= 2 and simulated(args[0]) and args[0].dtype not in _HALF:
+        a, b = args[0], args[1]
+        rest = [x.to(torch.bfloat16) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+                for x in args[2:]]
+        out = func(a.to(torch.bfloat16), b.to(torch.bfloat16), *rest, **kwargs)
+        return out.to(kwargs.get("out_dtype") or (args[4] if len(args) > 4 and args[4] is not None else a.dtype))
+    return func(*args, **kwargs)
 
 
 def _last_stride_ok(t) -> bool:

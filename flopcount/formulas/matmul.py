@@ -95,6 +95,22 @@ def addr(bias, v1, v2, *_, beta=1, alpha=1, out_shape=None, **__):
     return mn + _scale_terms(mn, beta, alpha)
 
 
+@register("aten._grouped_mm", family="matmul")
+def grouped_mm(a, b, offs=None, bias=None, out_dtype=None, *_, out_shape=None, **__):
+    """A mixture of experts' matrix products in one op (transformers' MoE layers): ``offs`` cuts one operand into
+    groups, each multiplied by its own matrix. Every output element is a dot product of ``a``'s last dimension,
+    except with two 2-D operands, where the groups cut that dimension (the contraction) itself: then each group's
+    output sums its own slice, and all groups together sum the whole of it once per element of one group's
+    output. The groups are taken to cover the operand (``offs[-1]`` its full length, as a MoE layer's routed
+    tokens do); rows past the last offset would be skipped by the kernel, which only the values can tell."""
+    out = numel(out_shape)
+    k = int(a[-1])
+    flops = 2 * out * k
+    if len(a) == 2 and len(b) == 2:
+        flops //= max(int(out_shape[0]), 1)
+    return flops + (out if bias is not None else 0)
+
+
 @register("aten.outer", "aten.ger", family="matmul")
 def outer(v1, v2, *_, out_shape=None, **__):
     return numel(v1) * numel(v2)
