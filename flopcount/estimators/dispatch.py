@@ -36,7 +36,7 @@ from ..report import COUNTED, UNCOUNTED, ZERO, FlopReport
 from .base import Capabilities, Request
 from . import fallback
 from .kernels import call_simulated, kernels_as
-from .known_values import known_values
+from .known_values import known_values, note as note_values
 
 _get_sequence_nr = torch._C._autograd._get_sequence_nr
 _current_node = torch._C._current_autograd_node
@@ -173,6 +173,8 @@ class _Counter(TorchDispatchMode):
             if self.simulated:
                 self.needs_values = info.name
             raise
+        if self.simulated:
+            note_values(func, args, kwargs, out)
         if info.hidden:
             return out
 
