@@ -125,3 +125,22 @@ def test_loss_scales_exactly_with_batch():
     # cross-entropy's whole forward + backward at batch 8 is exactly 2 x batch 4
     totals = [flopcount.count(Fn(lambda x: x), torch.randn(n, 10)).total() for n in (4, 8)]
     assert totals[1] == 2 * totals[0]
+
+
+class Hist(nn.Module):
+    def __init__(self, **kw):
+        super().__init__()
+        self.kw = kw
+
+    def forward(self, x):
+        return torch.histc(x, **self.kw)
+
+
+@pytest.mark.parametrize("x, kw, flops", [
+    (X, dict(bins=4, min=-1.0, max=1.0), 3 * 40),  # (x - low) * bins / (high - low) per element
+    (X, dict(bins=4), 5 * 40),  # no range given: the data's min and max first
+    (torch.arange(40).reshape(2, 5, 4), dict(bins=4, min=0, max=39), 0),  # integer data: integer work
+])
+def test_histc(x, kw, flops):
+    r = flopcount.count(Hist(**kw), x.float() if flops else x.to(torch.int32), backward=False)
+    assert r.frame[r.frame["op"] == "aten.histc"]["flops"].sum() == flops

@@ -129,8 +129,12 @@ def test_mixture_of_experts_counts_its_grouped_products():
     flops = [r.frame.groupby(key)["flops"].sum() for r in (meta, cpu)]
     differ = {k for k in set(flops[0][flops[0] != 0].index) ^ set(flops[1][flops[1] != 0].index)}
     # transformers counts the tokens per expert with histc on floats on the CPU, on ints elsewhere (meta takes that
-    # path): a cumsum over the 4 experts' counts, 4 FLOPs a layer on the CPU only
-    assert differ == {(f"model.layers.{i}.mlp.experts", "aten.cumsum", "forward") for i in range(layers)}
+    # path, integer work, 0 FLOPs): the histogram of the routed rows' experts, 3 FLOPs each (the bin; the range is
+    # given), and a cumsum over the 4 experts' counts, on the CPU only
+    assert differ == {(f"model.layers.{i}.mlp.experts", op, "forward") for i in range(layers)
+                      for op in ("aten.histc", "aten.cumsum")}
+    cpu_only = flops[1][[k for k in flops[1].index if k in differ]]
+    assert cpu_only.sum() == layers * (3 * rows + 4)
     assert all(flops[0][k] == flops[1][k] for k in flops[0][flops[0] != 0].index)
 
 

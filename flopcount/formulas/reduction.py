@@ -8,7 +8,9 @@ max/min/amax/amin/argmax are n comparisons (same rounding); cumsum, cumprod and 
   output element;
 * vector norms (``linalg_vector_norm``, ``norm``, ``_foreach_norm``): square (or abs) and accumulate = **2 n**,
   the final root being per output;
-* logsumexp: max, subtract, exp, add = **4 n**, plus one log per output.
+* logsumexp: max, subtract, exp, add = **4 n**, plus one log per output;
+* histc: each element's bin, ``(x - low) * bins / (high - low)`` = **3 n** (the count into the bin is integer
+  work), plus **2 n** for the data's min and max when the range is not given (``min == max``, the default).
 
 Softmax, per element of the input (``dim`` the softmax axis, one "row" = one slice along it):
 
@@ -48,6 +50,11 @@ def _in(x, *_, out_shape=None, **__):
 register("aten.sum", "aten.nansum", "aten.mean", "aten.nanmean", "aten.amax", "aten.amin", "aten.argmax",
          "aten.argmin", "aten.cumsum", "aten.cumprod", "aten.prod", "aten.aminmax", "aten.cummax", "aten.cummin",
          "aten.logcumsumexp", family="reduction")(_in)
+
+
+@register("aten.histc", family="reduction")
+def histc(x, bins=100, min=0, max=0, *_, out_shape=None, **__):
+    return numel(x) * (3 + (2 if min == max else 0))
 
 
 @register("aten.max", "aten.min", family="reduction")
