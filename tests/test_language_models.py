@@ -144,6 +144,25 @@ def _built(name, device, batch=2, seq_len=32):
     return build(f"hf:{os.path.join(FIXTURES, name)}", batch=batch, seq_len=seq_len, device=device)
 
 
+def test_non_reentrant_recompute_stays_in_its_layers():
+    """With use_reentrant=False PyTorch re-runs a layer's forward when backward first needs one of its saved tensors,
+    and stops once it has them: the recompute is part of the forward, and all of it belongs to the decoder
+    layers (transformers checkpoints their forward, so their own ops, the residual adds, run with no module
+    entered: they go to the nearest module around the node that started it which checkpoints)."""
+    model, inputs, _ = hf("llama-gqa-tiny")
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    r = flopcount.count(model, inputs)
+    fwd, rec = by_module(r, "forward"), by_module(r, "recompute")
+    rec = rec[rec > 0]
+    assert len(rec) and all(m.startswith("model.layers.") for m in rec.index)
+    assert all(rec[m] <= fwd[m] for m in rec.index)
+    layer_own = [m for m in rec.index if m.count(".") == 2]  # model.layers.N itself: its residual adds
+    assert sorted(layer_own) == ["model.layers.0", "model.layers.1"]
+
+
 class TinyLM(torch.nn.Module):
     """Embedding, one checkpointed MLP block, a head: token ids in, logits out."""
 

@@ -119,6 +119,7 @@ class _Counter(TorchDispatchMode):
         self.written = 0  # bytes written by forward ops (the memory estimate of a fallback reads it)
         self.phase = "forward"
         self.stack = [""]
+        self.checkpointing: set = set()  # modules that checkpoint their forward (transformers layers)
         self.rows: Dict[tuple, list] = defaultdict(lambda: [0, 0, 0])
         self.errors: Dict[str, str] = {}
         self._ops: Dict[Any, _OpInfo] = {}
@@ -137,14 +138,22 @@ class _Counter(TorchDispatchMode):
         return self._seq_owner.get(seq, "")
 
     def _recomputed_module(self, default: str) -> str:
-        """The module of an op a reentrant checkpoint re-runs outside every module's hooks: the one that called the
-        checkpoint, which made its node. (transformers checkpoints a layer's ``forward``, not its call, so that
-        the layer's hooks do not run twice: its own ops, the residual adds, re-run with no module entered.) A
-        non-reentrant recompute is started by whichever saved tensor is unpacked first, a node that does not say
-        which module checkpointed; its ops stay on the module on the stack."""
+        """The module of an op a checkpoint re-runs outside every module's hooks. (transformers checkpoints a
+        layer's ``forward``, not its call, so that the layer's hooks do not run twice: its own ops, the residual
+        adds, re-run with no module entered.) A reentrant checkpoint's node was made by the module that called it;
+        a non-reentrant recompute is started by whichever saved tensor is unpacked first, a node of some module
+        inside the checkpointed one, which is then the nearest around it that says it checkpoints
+        (``gradient_checkpointing``, as transformers' layers do)."""
         node = _current_node()
-        if node is not None and node.name() == "CheckpointFunctionBackward":
-            return self._module_of_node(node) or default
+        if node is None:
+            return default
+        owner = self._module_of_node(node)
+        if node.name() == "CheckpointFunctionBackward":
+            return owner or default
+        while owner:
+            if owner in self.checkpointing:
+                return owner
+            owner = owner.rpartition(".")[0]
         return default
 
     def claim(self) -> None:
@@ -332,6 +341,8 @@ def _run(model, inputs, *, backward, loss_fn, device, optimizer, as_device, opti
     opt = rebuild_optimizer(optimizer, params, optimizer_model or model) if backward else None
 
     counter = _Counter(param_owner, simulated_run=device == "meta")
+    counter.checkpointing = {n for n, m in model.named_modules()
+                             if n and getattr(m, "gradient_checkpointing", False) is True}
     if state is not None:
         state["counter"] = counter
     notes = []
