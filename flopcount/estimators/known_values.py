@@ -14,7 +14,7 @@ it builds attention masks:
   ``torch.ones`` and cast or viewed, never written to since) hides none, as on a real run; a mask that came with
   the inputs is kept: the one flopcount makes for a model that is not causal pads the last row.
 
-So the count equals a real run's on the inputs flopcount makes (tested op by op against one, for seven
+So the count equals a real run's on the inputs flopcount makes (tested op by op against one, for eight
 architectures). A user's meta batch whose given mask hides nothing would run without it on a real device: one add
 per attention score less for a model that is not causal. The checks' own ops (integer and boolean arithmetic,
 0 FLOPs) are not run.
