@@ -59,7 +59,7 @@ def op_kind(op: str, module_type: str = "") -> str:
         return "attention"
     if "conv" in base:
         return "conv"
-    if base in ("addmm", "linear", "mm"):
+    if base in ("addmm", "linear", "mm", "grouped_mm"):
         return "linear"
     by_name = None
     if base in ("bmm", "baddbmm", "matmul", "einsum"):

@@ -82,3 +82,28 @@ def test_compare_explains_the_gaps_and_skips_closed_forms_for_other_models():
     assert rows.loc[("attention", "forward"), "palm"] == 4 * L * H * (D // H) * T * TOKENS
     other = flopcount.compare(torch.nn.Linear(3, 4), torch.randn(2, 3), estimators="all")
     assert set(other.attrs["skipped"]) == {"kaplan", "palm"} and "kaplan" not in other.columns
+
+
+def test_a_mixture_of_experts_counts_its_active_parameters():
+    """Mixtral (hidden 64, 4 experts of intermediate 128, 2 per token, 2 layers, GQA 4 heads / 2 KV heads of 16,
+    vocabulary 256, untied head): N is what a token passes through, the routed experts at 2 of 4."""
+    import os
+
+    from flopcount.models import build
+
+    pytest.importorskip("transformers")
+    path = os.path.join(os.path.dirname(__file__), "fixtures", "hf", "mixtral-tiny")
+    model, inputs, _ = build(f"hf:{path}", batch=1, seq_len=32, device="meta")
+    attention = 64 * 64 + 2 * (64 * 32) + 64 * 64  # q, k, v (2 KV heads of 16), o
+    experts = 4 * (2 * 128) * 64 + 4 * 64 * 128  # gate+up and down, 4 experts
+    layer = attention + 64 * 4 + experts * 2 // 4 + 2 * 64  # router, 2 of 4 experts, two norms
+    active = 2 * layer + 64 + 256 * 64  # final norm, LM head
+    kaplan = flopcount.count(model, inputs, estimator="kaplan")
+    assert kaplan.meta["parameters"] == active == 140_096
+    assert kaplan.total("forward") == 2 * active * 32
+    # the matmuls the counter sees (the experts' grouped products among them) are exactly those weights' multiply-
+    # adds: all of N but the norms' weights (two per layer and the final one), which multiply, not multiply-add
+    rows = flopcount.compare(model, inputs, estimators=["dispatch", "kaplan"])
+    linear = rows[(rows["op"] == "linear") & (rows["phase"] == "forward")].iloc[0]
+    assert linear["kaplan"] == 2 * active * 32
+    assert linear["dispatch"] == 2 * (active - (2 * 2 * 64 + 64)) * 32

@@ -7,7 +7,9 @@
   over the full T x T square of scores, and twice that in backward.
 
 N counts every parameter except embedding tables; a table that is also the weight of a linear layer (an LM head
-tied to the token embedding, as in GPT-2) is a matmul and counts. L (layers), H (heads), Q (head dim) come from the
+tied to the token embedding, as in GPT-2) is a matmul and counts. In a mixture of experts, a token passes through
+``num_experts_per_tok`` of the E routed experts, so N counts those (the active parameters, as MoE MFU is
+reported): the routed experts' weights (transformers' ``experts`` modules, one slice per expert) times k / E. L (layers), H (heads), Q (head dim) come from the
 model's config (``num_hidden_layers``/``n_layer``, ``num_attention_heads``/``n_head``, ``head_dim`` or hidden size
 / heads) or else from its ``nn.MultiheadAttention`` modules; T is the sequence length of the token ids.
 
@@ -37,6 +39,19 @@ def non_embedding_parameters(model: torch.nn.Module) -> int:
     linear_weights = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}
     tables = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)} - linear_weights
     return sum(p.numel() for p in model.parameters() if id(p) not in tables)
+
+
+def routed_experts(model: torch.nn.Module) -> Tuple[int, int, int]:
+    """(parameters of the routed experts, experts per token k, experts E); (0, 0, 0) for a model without them."""
+    config = getattr(model, "config", None)
+    k = getattr(config, "num_experts_per_tok", None)
+    experts = next((v for v in (getattr(config, key, None) for key in ("n_routed_experts", "num_local_experts",
+                                                                           "num_experts")) if isinstance(v, int)), None)
+    if not (isinstance(k, int) and experts and 0 < k <= experts):
+        return 0, 0, 0
+    routed = sum(p.numel() for name, p in model.named_parameters()
+                 if name.rpartition(".")[0].endswith(".experts") and p.dim() >= 3 and p.shape[0] == experts)
+    return (routed, k, experts) if routed else (0, 0, 0)
 
 
 def _config_value(config, key: str) -> Optional[int]:
@@ -73,8 +88,13 @@ class _ClosedForm:
         batch = request.batch_size or 1
         seq = tokens // batch
         n = non_embedding_parameters(request.model)
-        per_token = {"linear": 2 * n}
         notes = [f"{self.name}: N = {n:,} non-embedding parameters, {tokens:,} tokens"]
+        routed, k, experts = routed_experts(request.model)
+        if routed:
+            n -= routed - routed // experts * k
+            notes[0] = (f"{self.name}: N = {n:,} active non-embedding parameters ({k} of {experts} routed experts "
+                        f"per token), {tokens:,} tokens")
+        per_token = {"linear": 2 * n}
         if self.attention:
             layers, heads, head_dim = attention_shape(request.model)
             per_token["attention"] = 4 * layers * heads * head_dim * seq
