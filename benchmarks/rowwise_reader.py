@@ -20,18 +20,9 @@ from urllib.parse import quote
 import numpy as np
 import pandas as pd
 
-from flopcount.errors import FlopcountError
 from flopcount.profiles import markers
-
-REQUIRED_TABLES = ("StringIds", "NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME",
-                   "META_DATA_EXPORT")
-# ENUM_NSYS_EVENT_TYPE ids, used when the file lacks the enum table (they have been stable across versions).
-_PUSH_POP, _START_END = 59, 60
-_OLDEST_SCHEMA_MAJOR = 3  # the export schema whose column names this reader uses
-
-
-class ProfileError(FlopcountError):
-    """The file is not a usable Nsight Systems SQLite export (foreign, truncated, missing a table, no NVTX)."""
+# the file checks are the current reader's (they cost nothing beside the load): only the loading is the old one's
+from flopcount.profiles.nsys import ProfileError, _columns, _event_type_ids, _query, check_schema
 
 
 @dataclass
@@ -59,64 +50,12 @@ class Profile:
 def _connect(path: str) -> sqlite3.Connection:
     if not os.path.isfile(path):
         raise ProfileError(f"{path}: no such file")
-    with open(path, "rb") as fh:
-        head = fh.read(16)
-    if head != b"SQLite format 3\x00":
-        raise ProfileError(f"{path}: not an SQLite file (export the report with: nsys export --type sqlite)")
     try:
         con = sqlite3.connect(f"file:{quote(os.path.abspath(path))}?mode=ro&immutable=1", uri=True)
         con.execute("SELECT count(*) FROM sqlite_master").fetchone()
     except sqlite3.DatabaseError as exc:
         raise ProfileError(f"{path}: unreadable SQLite file ({exc})") from None
     return con
-
-
-def _query(con, sql: str, path: str):
-    try:
-        return con.execute(sql).fetchall()
-    except sqlite3.DatabaseError as exc:  # a truncated file fails here, not at connect time
-        raise ProfileError(f"{path}: corrupt or truncated SQLite file ({exc})") from None
-
-
-def _columns(con, table: str, path: str) -> set:
-    return {row[1] for row in _query(con, f"PRAGMA table_info([{table}])", path)}
-
-
-def check_schema(con, path: str) -> dict:
-    """Raise ProfileError unless every table this reader needs is there; return META_DATA_EXPORT as a dict."""
-    tables = {r[0] for r in _query(con, "SELECT name FROM sqlite_master WHERE type='table'", path)}
-    if "NVTX_EVENTS" not in tables and tables & set(REQUIRED_TABLES):
-        raise ProfileError(f"{path}: no NVTX_EVENTS table: the capture had no NVTX ranges "
-                           "(profile with `nsys profile -t cuda,nvtx` inside torch.autograd.profiler.emit_nvtx)")
-    missing = [t for t in REQUIRED_TABLES if t not in tables]
-    if missing:
-        what = "not an Nsight Systems export" if len(missing) == len(REQUIRED_TABLES) else "incomplete export"
-        raise ProfileError(f"{path}: {what}: missing table(s) {', '.join(missing)}")
-    meta = dict(_query(con, "SELECT name, value FROM META_DATA_EXPORT", path))
-    major = meta.get("EXPORT_SCHEMA_VERSION_MAJOR") or (meta.get("EXPORT_SCHEMA_VERSION") or "").split(".")[0]
-    if not str(major).isdigit():
-        raise ProfileError(f"{path}: META_DATA_EXPORT has no EXPORT_SCHEMA_VERSION; not an nsys export")
-    if int(major) < _OLDEST_SCHEMA_MAJOR:
-        raise ProfileError(f"{path}: export schema {meta.get('EXPORT_SCHEMA_VERSION')} is older than "
-                           f"{_OLDEST_SCHEMA_MAJOR}.x; re-export it with a recent nsys")
-    need = {"NVTX_EVENTS": {"start", "end", "eventType", "globalTid"},
-            "CUPTI_ACTIVITY_KIND_KERNEL": {"start", "end", "correlationId", "globalPid", "demangledName"},
-            "CUPTI_ACTIVITY_KIND_RUNTIME": {"start", "end", "correlationId", "globalTid"}}
-    for table, cols in need.items():
-        lacking = cols - _columns(con, table, path)
-        if lacking:
-            raise ProfileError(f"{path}: table {table} lacks column(s) {', '.join(sorted(lacking))}")
-    return meta
-
-
-def _event_type_ids(con, path: str):
-    rows = _query(con, "SELECT name FROM sqlite_master WHERE type='table' AND name='ENUM_NSYS_EVENT_TYPE'", path)
-    if not rows:
-        return (_PUSH_POP,), (_START_END,)
-    ids = dict((n, i) for i, n in _query(con, "SELECT id, name FROM ENUM_NSYS_EVENT_TYPE", path))
-    push = tuple(ids[n] for n in ("NvtxPushPopRange", "NvtxtPushPopRange") if n in ids) or (_PUSH_POP,)
-    start = tuple(ids[n] for n in ("NvtxStartEndRange", "NvtxtStartEndRange") if n in ids) or (_START_END,)
-    return push, start
 
 
 def _frame(rows, columns, dtypes) -> pd.DataFrame:

@@ -4,7 +4,7 @@ How it works, and why:
 
 * A ``TorchDispatchMode`` sees every op below autograd, so backward ops are seen as the ops they really are
   (``convolution_backward`` with its output mask, not a guessed 2 x forward).
-* The model runs through ``torch.func.functional_call`` with stand-in parameters and buffers: ``meta`` tensors by
+* The model runs with stand-in parameters and buffers for the whole step (``stand_ins.py``): ``meta`` tensors by
   default (no memory, no compute, so a model too large for this machine can still be counted), or detached views
   of the real ones on a real device. The caller's model is never modified and its weights are never copied.
 * Backward ops are attributed to the module whose forward created the autograd node that runs them: in forward,
@@ -30,13 +30,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import formulas
 from ..errors import reason
-from ..step import (batch_size_of, call_model, default_loss, meta_like, module_stack, preserved, random_on,
+from ..step import (batch_size_of, call_model, default_loss, module_stack, preserved, random_on,
                     rebuild_optimizer)
 from ..report import COUNTED, UNCOUNTED, ZERO, FlopReport
 from .base import Capabilities, Request
 from . import fallback
 from .kernels import call_simulated, kernels_as
 from .known_values import known_values, note as note_values
+from .stand_ins import StandIns, autocast_device, stand_ins
 
 _get_sequence_nr = torch._C._autograd._get_sequence_nr
 _current_node = torch._C._current_autograd_node
@@ -254,84 +255,11 @@ class _Counter(TorchDispatchMode):
         return out
 
 
-def _autocast_device() -> Optional[str]:
-    """The device type whose autocast is on around the count (cpu first), or None."""
-    for dev in ("cpu", "cuda"):
-        try:
-            if torch.is_autocast_enabled(dev):
-                return dev
-        except (TypeError, RuntimeError):  # a torch without per-device autocast queries
-            return None
-    return None
-
-
-class _StandIns:
-    """Makes the tensors a count runs on: meta (empty), fake (meta data, a device's dispatch: autocast applies as
-    on that device), or real (detached views of the caller's, copied where the step writes them)."""
-
-    def __init__(self, device: str, fake_device: Optional[str] = None):
-        self.device = device
-        self.mode = None
-        if fake_device is not None:
-            from torch._subclasses.fake_tensor import FakeTensorMode
-
-            self.mode = FakeTensorMode(allow_non_fake_inputs=True)
-            self.fake_device = torch.device(fake_device)
-
-    def _empty(self, t: torch.Tensor) -> torch.Tensor:
-        m = torch.empty_like(t, device="meta")
-        if self.mode is None:
-            return m
-        from torch._subclasses.fake_tensor import FakeTensor
-
-        return FakeTensor(self.mode, m, self.fake_device)
-
-    def param(self, t: torch.Tensor, is_param: bool, written: bool) -> torch.Tensor:
-        if self.device == "meta":
-            s = self._empty(t)
-        elif is_param and not written:
-            s = t.detach()  # shares storage: no copy; gradients land on this new leaf, not on the caller's tensor
-        else:
-            s = t.detach().clone()  # written in place (batch-norm statistics, an optimizer step): never the caller's
-        if is_param and t.requires_grad:
-            s.requires_grad_(True)
-        return s
-
-    def inputs(self, inputs):
-        if self.device != "meta":
-            def leaf(x):  # a new leaf: the backward must not accumulate into the caller's tensor's .grad
-                if not isinstance(x, torch.Tensor):
-                    return x
-                t = x.detach().to(self.device)
-                return t.requires_grad_(True) if x.requires_grad else t
-
-            return torch.utils._pytree.tree_map(leaf, inputs)
-        if self.mode is None:
-            return meta_like(inputs)
-
-        def fake(x):
-            if not isinstance(x, torch.Tensor):
-                return x
-            f = self._empty(x)
-            return f.requires_grad_(True) if x.requires_grad and f.dtype.is_floating_point else f
-
-        return torch.utils._pytree.tree_map(fake, inputs)
-
-
-def _stand_ins(model, params):
-    """The model's parameters and buffers replaced by the stand-ins for the whole step, forward to optimizer (as
-    ``functional_call`` does for one call): a reentrant checkpoint re-runs the forward inside backward, and must
-    find the stand-ins there too, never the caller's tensors."""
-    from torch.nn.utils.stateless import _reparametrize_module
-
-    return _reparametrize_module(model, params, tie_weights=True)
-
-
 def _run(model, inputs, *, backward, loss_fn, device, optimizer, as_device, optimizer_model=None, state=None):
     """One count of the step; returns (counter, phases, notes, stand-in inputs). ``state["counter"]`` keeps the
     counter for a caller that needs to read it after the run raised."""
-    fake_device = _autocast_device() if device == "meta" else None
-    make = _StandIns(device, fake_device)
+    fake_device = autocast_device() if device == "meta" else None
+    make = StandIns(device, fake_device)
     named_params = dict(model.named_parameters())
     stepped = backward and optimizer is not None
     params = {n: make.param(p, True, stepped) for n, p in named_params.items()}
@@ -354,7 +282,7 @@ def _run(model, inputs, *, backward, loss_fn, device, optimizer, as_device, opti
             stack.enter_context(kernels_as(as_device))
             stack.enter_context(known_values())
         counter.stack = stack.enter_context(module_stack(model, on_change=counter.claim))
-        stack.enter_context(_stand_ins(model, params))
+        stack.enter_context(stand_ins(model, params))
         stack.enter_context(torch.enable_grad() if backward else torch.no_grad())
         stack.enter_context(counter)
         output = call_model(model, inputs)

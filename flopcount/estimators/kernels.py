@@ -77,8 +77,8 @@ def call_simulated(func, args, kwargs):
         a, b = args[0], args[1]
         rest = [x.to(torch.bfloat16) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
                 for x in args[2:]]
-        out = func(a.to(torch.bfloat16), b.to(torch.bfloat16), *rest, **kwargs)
-        return out.to(kwargs.get("out_dtype") or (args[4] if len(args) > 4 and args[4] is not None else a.dtype))
+        out_dtype = kwargs.get("out_dtype", args[4] if len(args) > 4 else None) or a.dtype
+        return func(a.to(torch.bfloat16), b.to(torch.bfloat16), *rest, **kwargs).to(out_dtype)
     return func(*args, **kwargs)
 
 
