@@ -153,9 +153,23 @@ def tf32_allowed() -> Dict[str, bool]:
     default, so fp32 convolutions on Ampere and later really run at the TF32 rate)."""
     import torch
 
-    matmul = torch.get_float32_matmul_precision() != "highest" or bool(torch.backends.cuda.matmul.allow_tf32)
-    conv = bool(torch.backends.cudnn.allow_tf32)
+    matmul = (torch.get_float32_matmul_precision() != "highest"
+              or _setting_allows_tf32(torch.backends.cuda.matmul, default=False))
+    conv = _setting_allows_tf32(getattr(torch.backends.cudnn, "conv", None), default=None)
+    if conv is None:
+        conv = bool(getattr(torch.backends.cudnn, "allow_tf32", True))
     return {"matmul": matmul, "attention": matmul, "conv": conv}
+
+
+def _setting_allows_tf32(settings, *, default):
+    """One backend's TF32 switch, read through whichever of torch's two spellings this release answers: the newer
+    ``fp32_precision`` ("tf32" or not) first, the older ``allow_tf32`` flag next. Releases have dropped or
+    deprecated one or the other, and an attribute a release does not answer must not stop a count."""
+    precision = getattr(settings, "fp32_precision", None)
+    if isinstance(precision, str) and precision not in ("", "none"):
+        return precision == "tf32"
+    flag = getattr(settings, "allow_tf32", None)
+    return default if flag is None else bool(flag)
 
 
 def effective_peak(flops_by_precision: Mapping[str, float], spec: DeviceSpec) -> float:

@@ -188,3 +188,32 @@ def test_cache_keeps_the_best_measurement(tmp_path, monkeypatch):
     monkeypatch.setattr(devices, "probe_bandwidth", lambda: 1e9)
     assert devices.cpu_spec().peak("fp32") == 5e10
     assert devices.cpu_spec(refresh=True).peak("fp32") == 5e10
+
+
+class _SettingsWithoutAllowTf32:
+    """A torch whose cuBLAS settings object no longer answers ``allow_tf32`` (the old flag), as some releases'
+    ``cuBLASModule`` does: reading it raises AttributeError, and only ``fp32_precision`` is left."""
+
+    def __init__(self, fp32_precision):
+        self.fp32_precision = fp32_precision
+
+    def __getattr__(self, name):
+        raise AttributeError(f"'cuBLASModule' object has no attribute {name!r}")
+
+
+@pytest.mark.parametrize("precision, expected", [("ieee", False), ("tf32", True), ("none", False)])
+def test_tf32_allowed_reads_a_torch_without_the_old_allow_tf32_flag(monkeypatch, precision, expected):
+    from flopcount.devices import tf32_allowed
+
+    monkeypatch.setattr(torch.backends.cuda, "matmul", _SettingsWithoutAllowTf32(precision))
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "highest")
+    allowed = tf32_allowed()
+    assert allowed["matmul"] is expected and allowed["attention"] is expected
+
+
+def test_tf32_allowed_follows_the_matmul_precision_setting(monkeypatch):
+    from flopcount.devices import tf32_allowed
+
+    monkeypatch.setattr(torch.backends.cuda, "matmul", _SettingsWithoutAllowTf32("none"))
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "high")
+    assert tf32_allowed()["matmul"] is True
