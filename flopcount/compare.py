@@ -11,7 +11,8 @@ so that a per-op counter and a per-module counter land on the same row.
 from __future__ import annotations
 
 import math
-from typing import Dict, Iterable, Sequence, Union
+import re
+from typing import Dict, Iterable, List, Sequence, Tuple, Union
 
 import pandas as pd
 
@@ -170,7 +171,8 @@ def _closed_form_reason(kind: str, est: float, ref: float) -> str:
                 "matmuls run: biases as adds, no multiply-add for norm weights, an untied LM head and its bias as "
                 "they are")
     if est == 0:
-        return (f"the closed form has no {kind} term: it counts the matmuls of the weights (and of attention) only, "
+        return ("the closed form has no term for these ops: it counts the matmuls of the weights (and of attention) "
+                "only, "
                 "not norms, activations, softmax, residual adds, embeddings' gathers or the loss")
     return f"a closed form, not a count of {kind} ops"
 
@@ -259,6 +261,8 @@ def compare(model, inputs, estimators: Union[str, Sequence[str]] = (REFERENCE, "
         row["reason"] = f"{name}: {msg}"
         rows.append(row)
 
+    reasons = [dict(op=r["op"], phase=r["phase"], estimator=n, why=why)
+               for r in rows for n, why in r.pop("by_estimator", ())]
     cols = ["op", "phase"] + list(reports) + [f"rel:{n}" for n in reports if n != REFERENCE] + ["uncounted", "reason"]
     frame = pd.DataFrame(rows).reindex(columns=cols)
     frame["uncounted"] = frame["uncounted"].fillna("")
@@ -268,12 +272,55 @@ def compare(model, inputs, estimators: Union[str, Sequence[str]] = (REFERENCE, "
         "estimators": names,
         "errors": errors,
         "skipped": skipped,
+        "reasons": reasons,
+        "uncounted": {n: _uncounted_ops(f) for n, f in kinds.items()},
         "phases": {n: list(r.phases) for n, r in reports.items()},
         "native": {n: _native(r) for n, r in reports.items()},
         "notes": {n: list(r.notes) for n, r in reports.items()},
         "batch_size": reports[REFERENCE].batch_size,
     })
     return frame
+
+
+def _uncounted_ops(frame: pd.DataFrame) -> Dict[str, Dict[str, int]]:
+    """phase -> {op: calls} of the ops an estimator saw and could not count."""
+    u = frame[frame["status"] == UNCOUNTED].groupby(["phase", "op"])["calls"].sum()
+    out: Dict[str, Dict[str, int]] = {}
+    for (phase, op), calls in u.items():
+        out.setdefault(phase, {})[op] = int(calls)
+    return out
+
+
+_RATIO = re.compile(r" \((?:[0-9.e+-]+x|inf x|infx) dispatch\)$|  ?\(dispatch counts 0\)$")
+
+
+def general_reason(why: str) -> str:
+    """A reason without what is particular to its row (the ratio, the row's op list, its kind's name), so that
+    the same reason on many rows can be said once."""
+    why = _RATIO.sub("", why)
+    if why.startswith("op not supported, counted as 0"):
+        return "ops it does not support, counted as 0 (listed under uncounted)"
+    why = re.sub(r"^does not see \w+ ops ", "does not see these ops ", why)
+    why = re.sub(r"^the closed form has no \w+ term:", "the closed form has no term for these ops:", why)
+    return why
+
+
+def grouped_reasons(frame: pd.DataFrame) -> List[Tuple[str, List[Tuple[Tuple[str, ...], List[str]]]]]:
+    """The reasons of a compare table, each said once: ``[(reason, [(estimators, rows)])]``, estimators that give
+    a reason on the same rows together, rows as ``"kind phase"``. Total rows are left out (their rows say why)."""
+    rows_of: Dict[str, Dict[str, List[str]]] = {}
+    for r in frame.attrs.get("reasons", ()):
+        if r["op"] == TOTAL:
+            continue
+        where = f"{r['op']} {r['phase']}"
+        rows_of.setdefault(general_reason(r["why"]), {}).setdefault(r["estimator"], []).append(where)
+    out = []
+    for why, by_est in rows_of.items():
+        together: Dict[Tuple[str, ...], List[str]] = {}
+        for est, where in by_est.items():
+            together.setdefault(tuple(where), []).append(est)
+        out.append((why, [(tuple(ests), list(where)) for where, ests in together.items()]))
+    return out
 
 
 def _reference(est, request: Request) -> FlopReport:
@@ -362,6 +409,7 @@ def _row(kind, phase, reports, assumed, flops, unc, value, placed=None) -> dict:
             reasons.append(f"{n}: does not see the {phase} phase" if math.isnan(rel) else f"{n}: see the rows above")
     row["uncounted"] = "; ".join(gaps)
     row["reason"] = "; ".join(reasons)
+    row["by_estimator"] = [tuple(r.split(": ", 1)) for r in reasons]
     return row
 
 

@@ -21,12 +21,14 @@ def run(args) -> int:
     from ..estimators.base import resolve_names
     from ..models import build
 
-    names = resolve_names(args.estimators)
+    names = resolve_names(args.estimators)  # an unknown name fails here, before the model is built
     # the peers run the model for real: real weights, seeded random inputs
     model, inputs, name = build(args.model, batch=args.batch, input_shape=args.input_shape,
                                 num_classes=args.num_classes, device="cpu", random=True, seq_len=args.seq_len)
     with model_errors(name, inputs):
-        table = compare(model, inputs, estimators=names, model_name=name)
+        # "all" by name: estimators that do not apply to this model (a closed form on a CNN) are left out, not failed
+        table = compare(model, inputs, estimators=args.estimators if args.estimators == "all" else names,
+                        model_name=name)
     for est, msg in table.attrs["errors"].items():
         warn(f"estimator {est} failed, the others are compared: {msg}")
     if table.attrs.get("skipped"):
@@ -49,17 +51,42 @@ def run(args) -> int:
 
 def compare_table(table, name: str, width=None, color=None) -> str:
     """One row per op kind and phase, one FLOPs column per estimator, then each one's difference from dispatch
-    (left out first when the terminal is narrow); what an estimator missed, and why, below."""
+    (left out first when the terminal is narrow). Below: each estimator that failed or was left out, in one line
+    with its reason; each estimator's uncounted ops in one line; each reason why rows differ said once, with the
+    estimators and rows it applies to (the csv and json keep the reason of every row)."""
+    from ..compare import ERROR, grouped_reasons
     from . import render as R
 
-    shown = table.drop(columns=["uncounted", "reason"])
+    shown = table[table["op"] != ERROR].drop(columns=["uncounted", "reason"])
     ests = [c for c in shown.columns[2:] if not c.startswith("rel:")]
     rels = [c for c in shown.columns[2:] if c.startswith("rel:")]
     cols = [R.Col("op"), R.Col("phase")] + [R.Col(c, R.FLOPS, drop=len(rels) + 1 + k if k else None)
                                             for k, c in enumerate(ests)]
     cols += [R.Col(c, R.DELTA, drop=len(rels) - k) for k, c in enumerate(rels)]
-    notes = [f"{row['op']} {row['phase']} {label}: {row[label]}"
-             for _, row in table.iterrows() for label in ("uncounted", "reason") if row[label]]
+    notes = [f"{est} failed: {_first_sentence(msg, est)}" for est, msg in table.attrs.get("errors", {}).items()]
+    notes += [f"{est} left out: {why}" for est, why in table.attrs.get("skipped", {}).items()]
+    for est, by_phase in table.attrs.get("uncounted", {}).items():
+        phases_of = {}  # the same ops in several phases (a backward assumed from forward) are listed once
+        for phase, counts in by_phase.items():
+            phases_of.setdefault(tuple(sorted(counts.items())), []).append(phase)
+        ops = "; ".join(" and ".join(phases) + ": " + ", ".join(f"{op} x{n}" for op, n in counts)
+                        for counts, phases in phases_of.items())
+        if ops:
+            notes.append(f"{est} uncounted, {ops}")
+    groups = grouped_reasons(table)
+    if groups:
+        notes.append("why rows differ from dispatch by more than 1%:")
+    for why, where in groups:
+        applies = "; ".join(f"{', '.join(e)} on {', '.join(rows)}" for e, rows in where)
+        notes.append(f"- {why} [{applies}]")
     title = [R.headline(name, batch=table.attrs.get("batch_size"))
              + "  FLOPs (1 multiply-add = 2) by op kind; rel: relative to dispatch"]
     return R.table(shown, cols, title=title, notes=notes, width=width, color=color)
+
+
+def _first_sentence(message: str, estimator: str) -> str:
+    """A failure in one short line: without the estimator's name said twice, cut after its first sentence."""
+    prefix = f"{estimator} failed on this model: "
+    message = message[len(prefix):] if message.startswith(prefix) else message
+    cut = message.find(". ", 40)
+    return message[:cut + 1] if cut > 0 else message

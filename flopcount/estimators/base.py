@@ -353,6 +353,47 @@ def as_args(inputs) -> tuple:
     return inputs if isinstance(inputs, tuple) else (inputs,)
 
 
+def call_model(model, inputs):
+    """Run ``model`` on its inputs as the step does: a dict as keyword arguments, a tuple as positional ones."""
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    return model(*as_args(inputs))
+
+
+KEYWORD_ROOT = "model"  # the caller's model inside ``positional_call``'s wrapper
+
+
+def positional_call(model, inputs):
+    """``(module, args, path)`` for a peer that can only pass positional inputs (a tracer: TorchScript's, fx's):
+    a dict of inputs goes in through a wrapper whose ``forward`` takes them in order and calls the model with
+    them as keywords, and returns the tensors of the model's output (a tracer takes tensors, not a transformers
+    output object). ``path(name)`` turns a module path of the wrapper into the model's own (``""`` stays the root).
+    Other inputs go in as they are."""
+    if not isinstance(inputs, dict):
+        return model, as_args(inputs), lambda name: name
+    import torch
+
+    keys = list(inputs)
+
+    class KeywordCall(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            setattr(self, KEYWORD_ROOT, model)
+
+        def forward(self, *args):
+            out = model(**dict(zip(keys, args)))
+            if isinstance(out, dict):  # transformers' ModelOutput is one
+                return tuple(v for v in out.values() if isinstance(v, torch.Tensor))
+            return out
+
+    prefix = KEYWORD_ROOT + "."
+
+    def path(name: str) -> str:
+        return name[len(prefix):] if name.startswith(prefix) else ("" if name == KEYWORD_ROOT else name)
+
+    return KeywordCall(), tuple(inputs.values()), path
+
+
 def peer_report(rows, request: Request, name: str, *, phases, notes, native_unit: str) -> FlopReport:
     """A peer's rows as a FlopReport labelled from the request."""
     return FlopReport.from_rows(rows, model=request.label, batch_size=request.batch_size, estimator=name,

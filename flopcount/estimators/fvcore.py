@@ -12,7 +12,7 @@ import warnings
 from collections import Counter
 
 from ..report import COUNTED, UNCOUNTED, FlopReport
-from .base import Capabilities, Request, as_args, peer_inputs, peer_report, require, run_failed, untouched
+from .base import Capabilities, Request, peer_inputs, peer_report, positional_call, require, run_failed, untouched
 
 # fvcore's own op keys -> aten packet names as the rest of the toolkit spells them
 _OP_NAMES = {"conv": "aten.convolution"}
@@ -54,10 +54,11 @@ class FvcoreEstimator:
             warnings.simplefilter("ignore")  # fvcore's import and tracer warn about TorchScript's deprecation
             fvnn = require("fvcore.nn")
         model, inputs = request.model, peer_inputs(request.inputs)
+        traced, args, path = positional_call(model, inputs)  # its tracer passes positional inputs only
         try:
             with untouched(model), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                analysis = fvnn.FlopCountAnalysis(model, as_args(inputs))
+                analysis = fvnn.FlopCountAnalysis(traced, args)
                 analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False).tracer_warnings("none")
                 per_module = {name: dict(c) for name, c in analysis.by_module_and_operator().items()}
                 unsupported = {name: dict(analysis.unsupported_ops(name)) for name in per_module}
@@ -66,16 +67,16 @@ class FvcoreEstimator:
 
         # Without backward the assumption has nothing to stand for: the report is the forward count alone.
         factors = (("forward", 1), ("backward", 2)) if request.backward else (("forward", 1),)
-        kids = _children(model)
+        kids = _children(traced)
         rows = []
         for phase, factor in factors:
             for module, ops in _self_counts(per_module, kids).items():
                 for key, n in ops.items():
-                    rows.append(dict(module=module, op=_op_name(key), phase=phase, status=COUNTED,
+                    rows.append(dict(module=path(module), op=_op_name(key), phase=phase, status=COUNTED,
                                      flops=2 * factor * n, native=factor * n, calls=1))
             for module, ops in _self_counts(unsupported, kids).items():
                 for key, calls in ops.items():
-                    rows.append(dict(module=module, op=_op_name(key), phase=phase, status=UNCOUNTED,
+                    rows.append(dict(module=path(module), op=_op_name(key), phase=phase, status=UNCOUNTED,
                                      flops=0, native=0, calls=calls))
         notes = ([BACKWARD_NOTE] if request.backward else []) + ["fvcore counts MACs; flops = 2 x native"]
         return peer_report(rows, request, self.name, phases=tuple(p for p, _ in factors), notes=notes,

@@ -16,7 +16,7 @@ import torch
 
 from .. import formulas
 from ..report import COUNTED, UNCOUNTED, ZERO, FlopReport
-from .base import Capabilities, Request, as_args, peer_inputs, peer_report, run_failed, untouched
+from .base import Capabilities, Request, call_model, peer_inputs, peer_report, run_failed, untouched
 
 
 @contextlib.contextmanager
@@ -87,7 +87,7 @@ class ProfilerEstimator:
             with untouched(model), _quiet_stderr():
                 with torch.enable_grad():
                     with profile(activities=[ProfilerActivity.CPU], with_flops=True) as fwd:
-                        output = model(*as_args(inputs))
+                        output = call_model(model, inputs)
                         loss = request.loss(output) if backward else None
                     _collect(fwd.events(), "forward", acc)
                     if backward and loss is not None and loss.requires_grad:

@@ -11,13 +11,14 @@ activation, a pooling window): the compare table explains the difference this ma
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import sys
 from collections import defaultdict
 
 from .. import formulas
 from ..report import COUNTED, UNCOUNTED, ZERO, FlopReport
-from .base import Capabilities, Request, as_args, module_stack, peer_inputs, peer_report, require, run_failed, untouched
+from .base import Capabilities, Request, call_model, module_stack, peer_inputs, peer_report, require, run_failed, untouched
 
 _NOTE = "ptflops counts MACs; flops = 2 x native; forward only"
 _FORWARD_ONLY = Capabilities(phases=("forward",))
@@ -52,14 +53,15 @@ class PtflopsEstimator:
         acc = defaultdict(lambda: [0, 0])
         added = ("start_flops_count", "stop_flops_count", "reset_flops_count", "compute_average_flops_cost")
         try:
-            with untouched(model), module_stack(model) as stack:
+            # ptflops prints its warnings (no positional input: a model called with keywords) on stdout
+            with untouched(model), module_stack(model) as stack, contextlib.redirect_stdout(io.StringIO()):
                 engine.add_flops_counting_methods(model)
                 model.start_flops_count(ost=io.StringIO(), verbose=False, ignore_list=[])
                 collector = _Collector(stack, acc)
                 engine.patch_functional(collector)
                 engine.patch_tensor_ops(collector)
                 try:
-                    model(*as_args(inputs))
+                    call_model(model, inputs)
                     for mname, mod in model.named_modules():
                         if engine.is_supported_instance(mod) and hasattr(mod, "__flops__"):
                             key = (mname, f"nn.{type(mod).__name__}")
@@ -105,7 +107,7 @@ class PtflopsAtenEstimator:
         try:
             with untouched(model), module_stack(model) as stack:
                 with Mode(None, False, False, {"print_params": {"file": io.StringIO()}, "serialize_params": {}}):
-                    model(*as_args(inputs))
+                    call_model(model, inputs)
         except Exception as exc:
             raise run_failed(self.name, exc) from None
         rows = []

@@ -14,7 +14,7 @@ import io
 from collections import defaultdict
 
 from ..report import COUNTED, UNCOUNTED, ZERO, FlopReport
-from .base import Capabilities, Request, as_args, peer_inputs, peer_report, require, run_failed, untouched
+from .base import Capabilities, Request, peer_inputs, peer_report, positional_call, require, run_failed, untouched
 
 # Graph nodes that compute nothing: pthflops rightly gives them 0.
 _ZERO_MODULES = {"Dropout", "Identity", "Flatten", "Sequential", "Unflatten", "Dropout2d", "StochasticDepth"}
@@ -33,12 +33,13 @@ class PthflopsEstimator:
 
     def estimate(self, request: Request) -> FlopReport:
         ops_fx = require("pthflops.ops_fx")
-        model, args = request.model, as_args(peer_inputs(request.inputs))
+        model = request.model
+        traced, args, path = positional_call(model, peer_inputs(request.inputs))  # fx traces positional inputs
         try:
             # pthflops prints as it goes; its eval() switch is undone by untouched()
             with untouched(model), contextlib.redirect_stdout(io.StringIO()):
                 model.eval()
-                interp = ops_fx.ProfilingInterpreter(model)
+                interp = ops_fx.ProfilingInterpreter(traced)
                 interp.run(*args)
         except Exception as exc:
             raise run_failed(self.name, exc) from None
@@ -49,12 +50,12 @@ class PthflopsEstimator:
                 continue
             if node.op == "call_module":
                 mod = interp.fetch_attr(node.target)
-                module, op = str(node.target), f"nn.{type(mod).__name__}"
+                module, op = path(str(node.target)), f"nn.{type(mod).__name__}"
                 known = ops_fx.count_operations(mod) is not ops_fx._undefined_op
                 zero = type(mod).__name__ in _ZERO_MODULES
             else:
                 fn = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
-                module, op = _owner(node), f"{'Tensor.' if node.op == 'call_method' else 'F.'}{fn}"
+                module, op = path(_owner(node)), f"{'Tensor.' if node.op == 'call_method' else 'F.'}{fn}"
                 known = node.op == "call_function" and ops_fx.count_operations(fn) is not ops_fx._undefined_op
                 zero = fn.strip("_") in _ZERO_CALLS
             n = int(interp.flops.get(node, 0))
