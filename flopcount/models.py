@@ -16,7 +16,7 @@ import re
 import sys
 import weakref
 from contextlib import contextmanager
-from typing import Callable, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
@@ -216,6 +216,35 @@ def sample_shape(model: torch.nn.Module, name: str = "", input_shape=None) -> Tu
         if shape is not None:
             return shape
     return DEFAULT_IMAGE_SHAPE
+
+
+INPUT_SOURCES = ("given", "model", "family", "default")
+
+
+def input_source(model: torch.nn.Module, name: str = "", *, input_shape=None, seq_len=None) -> Dict[str, str]:
+    """What one sample of the example input is and where it comes from, as ``example_inputs`` decides it:
+    ``{"shape": "3x224x224" or "64 tokens", "source": ...}``, the source one of ``given`` (--input-shape,
+    --seq-len), ``model`` (the model's own ``example_input_shape`` or ``example_inputs``), ``family`` (its
+    torchvision family's, a transformers config's sequence length) or ``default`` (3x224x224, a guess that a
+    caller should be told about)."""
+    if models_hf.is_hf(model):
+        if seq_len is not None:
+            return {"shape": f"{int(seq_len)} tokens", "source": "given"}
+        return {"shape": f"{models_hf.default_seq_len(model)} tokens", "source": "family"}
+    if seq_len is not None:
+        return {"shape": f"{int(seq_len)} tokens", "source": "given"}
+    own = getattr(model, "example_inputs", None)
+    if input_shape is None and callable(own) and len(inspect.signature(own).parameters) >= 1:
+        return {"shape": "example_inputs(batch)", "source": "model"}
+    if input_shape is not None:
+        source = "given"
+    elif getattr(model, "example_input_shape", None) is not None:
+        source = "model"
+    elif name and _torchvision_builder(name) is not None and models_vision.sample_shape(name, model) is not None:
+        source = "family"
+    else:
+        source = "default"
+    return {"shape": "x".join(map(str, sample_shape(model, name, input_shape))), "source": source}
 
 
 def example_inputs(model: torch.nn.Module, name: str = "", *, batch: int = 1, input_shape=None,

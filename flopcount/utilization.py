@@ -69,6 +69,8 @@ class Utilization:
     tokens_per_second: Optional[float] = None
     model_flops_per_token: Optional[float] = None
     hardware_flops_per_token: Optional[float] = None
+    # one sample of the input and where its shape came from (see ``models.input_source``)
+    input: Dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -165,8 +167,9 @@ def utilization(model, batch, *, device=None, dtype=None, steps: int = 5, warmup
     setup = _prepare(model, device=device, dtype=dtype, autocast=autocast, optimizer=optimizer, loss_fn=loss_fn,
                      peak=peak, device_spec=device_spec, model_name=model_name, input_shape=input_shape,
                      seq_len=seq_len, warmup=warmup, clock=clock, cuda=cuda)
+    described = _described_input(model, batch, model_name, input_shape, seq_len, loader)
     if scope == "epoch":
-        return _epoch(setup, batch, loader)
+        return _with_input(_epoch(setup, batch, loader), described)
 
     with oom_as_error("making the input batch"):
         inputs = steps_.make_inputs(model, batch, name=model_name, device=setup.dev, dtype=setup.dtype, scope=scope,
@@ -184,7 +187,31 @@ def utilization(model, batch, *, device=None, dtype=None, steps: int = 5, warmup
             return run(inputs)
 
     timed = time_step(step, device=setup.dev, steps=steps, warmup=warmup, clock=clock, cuda=cuda)
-    return _finish(setup, tally, timed, batch_size=steps_.batch_size_of(inputs), scope=scope)
+    return _with_input(_finish(setup, tally, timed, batch_size=steps_.batch_size_of(inputs), scope=scope),
+                       described)
+
+
+def _described_input(model, batch, model_name, input_shape, seq_len, loader) -> Dict[str, str]:
+    """One sample of the step's input and where its shape came from; a shape nobody gave (3x224x224 for a model
+    that says nothing about its input) is said at once, as a warning, so that a wrong guess costs no wait."""
+    import warnings
+
+    from .models import input_source
+
+    if loader is not None or not isinstance(batch, numbers.Integral):
+        return {"shape": "as given", "source": "given"}
+    described = input_source(steps_.unwrap(model), model_name, input_shape=input_shape, seq_len=seq_len)
+    if described["source"] == "default":
+        warnings.warn(f"no input shape given: each sample is {described['shape']}, the default for an image model; "
+                      "give input_shape=(C, H, W) (--input-shape C,H,W) if the model takes another", stacklevel=3)
+    return described
+
+
+def _with_input(u: Utilization, described: Dict[str, str]) -> Utilization:
+    u.input = dict(described)
+    if described.get("source") == "default":
+        u.notes.append(f"input {described['shape']} per sample is the default (no input shape was given)")
+    return u
 
 
 def _prepare(model, *, device, dtype, autocast, optimizer, **rest) -> _Setup:

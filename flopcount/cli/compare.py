@@ -19,7 +19,7 @@ def run(args) -> int:
     from ..compare import compare, to_json
     from ..errors import model_errors
     from ..estimators.base import resolve_names
-    from ..models import build
+    from ..models import build, input_source
 
     names = resolve_names(args.estimators)  # an unknown name fails here, before the model is built
     # the peers run the model for real: real weights, seeded random inputs
@@ -29,6 +29,7 @@ def run(args) -> int:
         # "all" by name: estimators that do not apply to this model (a closed form on a CNN) are left out, not failed
         table = compare(model, inputs, estimators=args.estimators if args.estimators == "all" else names,
                         model_name=name)
+    table.attrs["input"] = input_source(model, name, input_shape=args.input_shape, seq_len=args.seq_len)
     for est, msg in table.attrs["errors"].items():
         warn(f"estimator {est} failed, the others are compared: {msg}")
     if table.attrs.get("skipped"):
@@ -79,7 +80,7 @@ def compare_table(table, name: str, width=None, color=None) -> str:
     for why, where in groups:
         applies = "; ".join(f"{', '.join(e)} on {', '.join(rows)}" for e, rows in where)
         notes.append(f"- {why} [{applies}]")
-    title = [R.headline(name, batch=table.attrs.get("batch_size"))
+    title = [R.headline(name, batch=table.attrs.get("batch_size"), input=R.input_label(table.attrs))
              + "  FLOPs (1 multiply-add = 2) by op kind; rel: relative to dispatch"]
     return R.table(shown, cols, title=title, notes=notes, width=width, color=color)
 

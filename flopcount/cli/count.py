@@ -36,7 +36,7 @@ def add(sub) -> None:
 def run(args) -> int:
     from .. import count, eval_mode_note, get_estimator
     from ..errors import FlopcountError, model_errors
-    from ..models import build
+    from ..models import build, input_source
     from ..scaling import check_scaling
 
     if args.by is None:
@@ -58,6 +58,10 @@ def run(args) -> int:
                                        estimator=args.estimator, backward=not args.no_backward, seq_len=args.seq_len,
                                        device=args.device, **options)
     report.model = name
+    report.meta["input"] = input_source(model, name, input_shape=args.input_shape, seq_len=args.seq_len)
+    if report.meta["input"]["source"] == "default":
+        warn(f"no input shape given: each sample is {report.meta['input']['shape']}, the default for an image model;"
+             " give --input-shape C,H,W if the model takes another")
     note = eval_mode_note(model)
     if note and args.format == "csv":  # the table and the JSON document carry it in their notes
         warn(note)
@@ -92,8 +96,9 @@ def count_table(report, by: str, *, depth=None, top=None, width=None, color=None
 
     phases = [p for p in ("forward", "backward", "optimizer") if p in report.phases]
     grand = report.total()
-    title = [R.headline(report.model or "model", batch=report.batch_size, estimator=report.estimator,
-                        device=report.meta.get("device"), phases=",".join(report.phases))]
+    title = [R.headline(report.model or "model", batch=report.batch_size, input=R.input_label(report.meta),
+                        estimator=report.estimator, device=report.meta.get("device"),
+                        phases=",".join(report.phases))]
     notes = [f"note: {n}" for n in report.notes]
     notes.append(LEGEND)
     if by == "phase":

@@ -185,6 +185,14 @@ def wrap(text: str, width: int, indent: str = "") -> List[str]:
                          break_long_words=True, break_on_hyphens=False) or [""]
 
 
+def input_label(meta) -> str:
+    """``3x224x224 (default)``: one sample of the input and where its shape came from, for a headline."""
+    described = (meta or {}).get("input") or {}
+    if not described:
+        return ""
+    return f"{described['shape']} ({described['source']})"
+
+
 def headline(model: str, **fields: Any) -> str:
     """``resnet18  batch=1  estimator=dispatch``: the model, then each field that has a value."""
     parts = [str(model)] + [f"{k}={v}" for k, v in fields.items() if v is not None and v != ""]

@@ -84,7 +84,8 @@ def lines(u, width=None) -> List[str]:
         items.append(("bandwidth", f"{R.si(u.achieved_bandwidth, 'B/s')} of {R.si(u.bandwidth, 'B/s')} "
                                    f"({R.share(u.bandwidth_utilization)}; bytes: each op's inputs read and outputs "
                                    "written once)"))
-    title = [R.headline(f"{u.model or 'model'}", batch=f"{u.batch_size}{ranks}", scope=u.scope, device=u.device,
+    title = [R.headline(f"{u.model or 'model'}", batch=f"{u.batch_size}{ranks}", input=R.input_label(vars(u)),
+                        scope=u.scope, device=u.device,
                         dtype=u.dtype)]
     notes = [f"note: {n}" for n in u.notes] + ["1 multiply-add = 2 FLOPs; k M G T = 1e3 1e6 1e9 1e12"]
     return R.pairs(items, title=title, notes=notes, width=width).splitlines()
