@@ -26,7 +26,7 @@ import platform
 import re
 from dataclasses import dataclass
 from importlib import resources
-from typing import Callable, Dict, Mapping, Optional, Tuple, Union
+from typing import Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from .dtypes import PRECISION_DTYPE, precision_of
 from .errors import FlopcountError, UnknownDevice, UnknownPeak
@@ -375,16 +375,60 @@ def _write_cache(path: str, data: dict) -> None:
         pass  # a read-only home only costs a re-measure next time
 
 
+BUSY_LOAD_PER_CORE = 0.5  # a probe started with more runnable work than this per core is said to be under load
+
+
+def machine_load() -> Optional[float]:
+    """The one-minute load average (runnable processes, this one included), or None where the OS has none."""
+    try:
+        return float(os.getloadavg()[0])
+    except (AttributeError, OSError):
+        return None
+
+
+def _cache_entry(value) -> dict:
+    """A cached reading: ``{"rate", "measured_at", "load", "cores"}``; older caches hold a bare number."""
+    if isinstance(value, dict) and isinstance(value.get("rate"), (int, float)):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return {"rate": float(value)}
+    return {}
+
+
+def busy(entry: Mapping) -> bool:
+    """Whether a reading was taken under load (other work then ran on the cores it measured, so it reads low)."""
+    load, cores = entry.get("load"), entry.get("cores") or 1
+    return load is not None and load > BUSY_LOAD_PER_CORE * cores
+
+
+def describe_reading(entry: Mapping) -> str:
+    """When and under what load a cached reading was taken, in words."""
+    if "measured_at" not in entry:
+        return "measured at an unrecorded time, under an unrecorded load"
+    load = entry.get("load")
+    said = f"measured {entry['measured_at']}"
+    if load is not None:
+        said += f", load average {load:.2f} on {entry.get('cores')} cores"
+    if busy(entry):
+        said += (" (under load: it may read low; `flopcount peaks --probe-cpu` on a quiet machine measures "
+                 "again)")
+    return said
+
+
 def cpu_spec(dtypes=("float32",), *, threads: Optional[int] = None, refresh: bool = False,
              probe: Optional[Callable[[str], float]] = None,
              bandwidth_probe: Optional[Callable[[], float]] = None) -> DeviceSpec:
     """This CPU as a device: peaks measured per dtype, bandwidth measured by a copy, both cached.
 
     The cache key is the CPU model, the thread count and the dtype, so a run with fewer threads (or another
-    machine sharing a home folder) never reuses a figure that does not apply. Other processes on the machine
-    only ever make a probe read low, so the cache keeps the best figure measured so far; ``refresh=True``
-    measures again (and still keeps the best). ``probe``/``bandwidth_probe`` replace the measurements (tests).
+    machine sharing a home folder) never reuses a figure that does not apply. Each reading is cached with when it
+    was taken and the machine's load then: other processes only ever make a probe read low, so the cache keeps
+    the best figure measured so far, and one taken under load says so in the spec's source. ``refresh=True``
+    measures again (``flopcount peaks --probe-cpu``), and still keeps the best. ``probe``/``bandwidth_probe``
+    replace the measurements (tests).
     """
+    import datetime
+
     import torch
 
     threads = int(threads or torch.get_num_threads())
@@ -392,13 +436,21 @@ def cpu_spec(dtypes=("float32",), *, threads: Optional[int] = None, refresh: boo
     path = cache_path()
     cache = _read_cache(path)
     changed = False
+    readings = []
 
     def measured(key, measure):
         nonlocal changed
-        if refresh or key not in cache:
-            cache[key] = max(_best_rate(measure()), float(cache.get(key, 0.0)))
+        entry = _cache_entry(cache.get(key))
+        if refresh or not entry:
+            load = machine_load()
+            rate = _best_rate(measure())
+            if rate >= entry.get("rate", 0.0):  # an equal reading taken later, perhaps quieter, replaces it
+                entry = {"rate": rate, "load": load, "cores": os.cpu_count(),
+                         "measured_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+            cache[key] = entry
             changed = True
-        return float(cache[key])
+        readings.append(entry)
+        return float(entry["rate"])
 
     peaks = {}
     for dtype in dtypes:
@@ -408,7 +460,22 @@ def cpu_spec(dtypes=("float32",), *, threads: Optional[int] = None, refresh: boo
     bandwidth = measured(f"{model}|threads={threads}|bandwidth", bandwidth_probe or probe_bandwidth)
     if changed and probe is None and bandwidth_probe is None:
         _write_cache(path, cache)
+    oldest = min(readings, key=lambda e: (busy(e) is False, e.get("measured_at", "")))
     return DeviceSpec(name=f"cpu ({model}, {threads} threads)", peaks=peaks, bandwidth=bandwidth,
                       source=f"measured: best {'/'.join(peaks)} matrix product and tensor copy on this CPU "
-                             f"({threads} threads), cached in {os.path.basename(path)}",
+                             f"({threads} threads), cached in {os.path.basename(path)}, "
+                             f"{describe_reading(oldest)}",
                       measured=True, kernels="cpu")
+
+
+def cached_cpu_readings() -> List[dict]:
+    """Every cached CPU reading, with its key's parts: what ``flopcount peaks`` shows of this machine."""
+    rows = []
+    for key, value in sorted(_read_cache(cache_path()).items()):
+        entry = _cache_entry(value)
+        parts = key.split("|")
+        if not entry or len(parts) != 3:
+            continue
+        rows.append({"cpu": parts[0], "threads": parts[1].replace("threads=", ""), "what": parts[2],
+                     "rate": entry["rate"], "when": describe_reading(entry), "under_load": busy(entry)})
+    return rows

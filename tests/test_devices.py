@@ -217,3 +217,62 @@ def test_tf32_allowed_follows_the_matmul_precision_setting(monkeypatch):
     monkeypatch.setattr(torch.backends.cuda, "matmul", _SettingsWithoutAllowTf32("none"))
     monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "high")
     assert tf32_allowed()["matmul"] is True
+
+
+# --- the CPU's cached peak: when, under what load, and measured again on request ---------------------------------
+def test_a_probe_under_load_is_cached_with_its_load_and_says_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLOPCOUNT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(devices, "probe_matmul", lambda dtype: 3.55e10)
+    monkeypatch.setattr(devices, "probe_bandwidth", lambda: 1e9)
+    monkeypatch.setattr(devices, "machine_load", lambda: 12.0)
+    monkeypatch.setattr(devices.os, "cpu_count", lambda: 2)
+    spec = devices.cpu_spec(threads=2)
+    assert "load average 12.00 on 2 cores" in spec.source and "under load" in spec.source
+    assert "--probe-cpu" in spec.source
+    entry = next(v for k, v in json.loads((tmp_path / "cpu_peaks.json").read_text()).items() if k.endswith("float32"))
+    assert entry["rate"] == 3.55e10 and entry["load"] == 12.0 and entry["cores"] == 2 and entry["measured_at"]
+
+
+def test_a_quiet_probe_replaces_a_low_reading_and_is_not_said_to_be_under_load(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLOPCOUNT_CACHE_DIR", str(tmp_path))
+    readings, loads = iter([3.55e10, 1.99e11]), iter([12.0, 12.0, 0.1, 0.1])
+    monkeypatch.setattr(devices, "probe_matmul", lambda dtype: next(readings))
+    monkeypatch.setattr(devices, "probe_bandwidth", lambda: 1e9)
+    monkeypatch.setattr(devices, "machine_load", lambda: next(loads))
+    monkeypatch.setattr(devices.os, "cpu_count", lambda: 2)
+    devices.cpu_spec(threads=2)
+    spec = devices.cpu_spec(threads=2, refresh=True)
+    assert spec.peak("fp32") == 1.99e11 and "under load" not in spec.source
+
+
+def test_an_older_cache_of_bare_numbers_is_still_read(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLOPCOUNT_CACHE_DIR", str(tmp_path))
+    key = f"{devices.cpu_model()}|threads=2|"
+    (tmp_path / "cpu_peaks.json").write_text(json.dumps({key + "float32": 7e10, key + "bandwidth": 3e9}))
+    monkeypatch.setattr(devices, "probe_matmul", lambda dtype: pytest.fail("the cached figure is used"))
+    spec = devices.cpu_spec(threads=2)
+    assert spec.peak("fp32") == 7e10 and "unrecorded time" in spec.source
+
+
+def test_peaks_probe_cpu_measures_again_and_the_table_says_when(tmp_path, monkeypatch, capsys):
+    from flopcount.cli import main
+
+    monkeypatch.setenv("FLOPCOUNT_CACHE_DIR", str(tmp_path))
+    readings = iter([3e10, 9e10])
+    monkeypatch.setattr(devices, "probe_matmul", lambda dtype: next(readings))
+    monkeypatch.setattr(devices, "probe_bandwidth", lambda: 1e9)
+    monkeypatch.setattr(devices, "machine_load", lambda: 0.0)
+    devices.cpu_spec()
+    assert main(["peaks", "--probe-cpu"]) == 0
+    out, err = capsys.readouterr()
+    assert "measuring this CPU" in err and "9e+10 FLOP/s" in err
+    cpu_line = next(line for line in out.splitlines() if line.startswith("cpu (") and "float32" in line)
+    assert "9e+10 FLOP/s" in cpu_line and "measured 20" in cpu_line and "load average 0.00" in cpu_line
+
+
+def test_peaks_help_names_the_probe(capsys):
+    from flopcount.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["peaks", "--help"])
+    assert "--probe-cpu" in capsys.readouterr().out

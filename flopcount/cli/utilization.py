@@ -1,6 +1,7 @@
 """``flopcount utilization MODEL`` (measured FLOP/s of a training step against the peak) and ``flopcount peaks``."""
 from __future__ import annotations
 
+import os
 import sys
 from typing import List
 
@@ -25,6 +26,9 @@ def add(sub) -> None:
 
     p = sub.add_parser("peaks", help="the datasheet peak table, with sources")
     p.add_argument("--sources", action="store_true", help="table: also the source of each row (csv and json have it)")
+    p.add_argument("--probe-cpu", action="store_true",
+                   help="measure this CPU's fp32 peak and bandwidth again now (a few seconds; run it on a quiet "
+                        "machine) and cache the best reading with its time and load")
     add_format(p)
 
 
@@ -92,19 +96,36 @@ def lines(u, width=None) -> List[str]:
 
 
 def _peaks(args) -> int:
-    from ..devices import list_devices
+    from ..devices import cached_cpu_readings, list_devices
 
+    if args.probe_cpu:
+        _probe_cpu()
     table = list_devices()
     if args.format == "json":
         print_json(records(table.reset_index()))
     elif args.format == "csv":
         print_frame(table, "csv")
     else:
-        print(peaks_table(table, sources=args.sources))
+        print(peaks_table(table, sources=args.sources, cpu=cached_cpu_readings()))
     return EXIT_OK
 
 
-def peaks_table(table, sources: bool = False, width=None, color=None) -> str:
+def _probe_cpu() -> None:
+    """Measure this CPU again (the cache keeps the best reading) and say on stderr what was measured and how busy
+    the machine was: a probe under load reads low."""
+    from ..devices import busy, cpu_spec, machine_load
+
+    load = machine_load()
+    print("flopcount: measuring this CPU's fp32 peak and bandwidth (a few seconds)...", file=sys.stderr)
+    spec = cpu_spec(("float32",), refresh=True)
+    print(f"flopcount: {spec.name}: fp32 {spec.peak('fp32'):.3g} FLOP/s, bandwidth {spec.bandwidth:.3g} B/s "
+          f"(the best reading so far; {spec.source.rsplit(', ', 1)[-1]})", file=sys.stderr)
+    if busy({"load": load, "cores": os.cpu_count()}):
+        print(f"flopcount: warning: the machine was busy during this probe (load average {load:.2f} on "
+              f"{os.cpu_count()} cores): its reading may be low", file=sys.stderr)
+
+
+def peaks_table(table, sources: bool = False, width=None, color=None, cpu=()) -> str:
     from . import render as R
 
     precisions = [("fp64", 5), ("fp32", None), ("tf32", 4), ("fp16", 3), ("bf16", 2), ("fp16_nontensor", 1)]
@@ -115,6 +136,8 @@ def peaks_table(table, sources: bool = False, width=None, color=None) -> str:
         cols.append(R.Col("source", wrap=True))
     title = ["dense peaks in FLOP/s (T = 1e12), at the rate a matrix product reaches (tensor cores where there are "
              "any; no TC: fp16 without them); '-': the device lacks the precision"]
-    notes = ["cpu: measured, see `flopcount utilization --device cpu`"] + ([] if sources else [
-        "--sources adds where each figure comes from"])
+    notes = [f"cpu ({r['cpu']}, {r['threads']} threads) {r['what']}: {r['rate']:.3g} "
+             f"{'B/s' if r['what'] == 'bandwidth' else 'FLOP/s'}, {r['when']}" for r in cpu]
+    notes += ["cpu: measured on first use and cached; `flopcount peaks --probe-cpu` measures it again"]
+    notes += [] if sources else ["--sources adds where each figure comes from"]
     return R.table(table, cols, title=title, notes=notes, width=width, color=color)
