@@ -18,6 +18,7 @@ import pandas as pd
 
 from . import formulas
 from .errors import FlopcountError
+from .progress import bar
 from .estimators.base import (EstimatorError, Request, get_estimator, make_request, not_applicable, resolve_names,
                               run)
 from .report import PHASES, UNCOUNTED, FlopReport
@@ -204,12 +205,9 @@ def compare(model, inputs, estimators: Union[str, Sequence[str]] = (REFERENCE, "
     assumed: Dict[str, tuple] = {}
     errors: Dict[str, str] = {}
     cache: Dict[str, FlopReport] = {}
-    iterator: Iterable[str] = names
-    if progress:
-        from tqdm import tqdm
-
-        iterator = tqdm(names, desc="estimators", leave=False)
+    iterator: Iterable[str] = bar(names, desc="estimators", unit="estimator", wanted=progress)
     for name in iterator:
+        iterator.set_postfix_str(name)
         est = get_estimator(name)
         key = getattr(est, "cache_key", None)
         try:

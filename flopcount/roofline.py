@@ -246,7 +246,8 @@ def analyze(report: FlopReport, spec: DeviceSpec, *, allow_tf32: Union[bool, dic
 
 
 def from_spec(spec: str, device_spec, *, batch: int = 1, dtype="float32", tf32: Union[bool, dict] = False,
-              measured_seconds: Optional[float] = None, input_shape=None, num_classes=None) -> Roofline:
+              measured_seconds: Optional[float] = None, input_shape=None, num_classes=None,
+              seq_len: Optional[int] = None) -> Roofline:
     """The roofline of a model spec's training step (counted on meta, nothing run, with the kernels the named
     device would choose) on that device: the one pipeline of ``flopcount roofline`` and the study's roofline
     figure."""
@@ -258,7 +259,8 @@ def from_spec(spec: str, device_spec, *, batch: int = 1, dtype="float32", tf32: 
     spec_ = device_spec if isinstance(device_spec, DeviceSpec) else get_device(device_spec, way_out=_WAY_OUT)
     if measured_seconds is not None and not measured_seconds > 0:
         raise RooflineError(f"a measured step time must be a positive number of seconds, not {measured_seconds}")
-    model, inputs, name = build(spec, batch=batch, input_shape=input_shape, num_classes=num_classes, dtype=dtype)
+    model, inputs, name = build(spec, batch=batch, input_shape=input_shape, num_classes=num_classes, dtype=dtype,
+                                seq_len=seq_len)
     with model_errors(name, inputs):
         report = count_step(model, inputs, model_name=name, as_device=spec_.kernels)
     return analyze(report, spec_, allow_tf32=tf32, measured_seconds=measured_seconds)

@@ -83,3 +83,25 @@ def test_overhead_runs_the_ladder(mlp, capsys):
     assert doc["ladder"][0]["verdict"] == ""
     assert {r["verdict"] for r in doc["ladder"][1:]} <= {"overhead-bound", "scales with batch"}
     assert doc["threshold"] == 0.1 and "overhead-bound" in doc["verdict"] and doc["notes"]
+
+
+def test_roofline_takes_this_cpu_by_default_and_a_sequence_length(tmp_path, monkeypatch, capsys):
+    import json
+
+    from flopcount import devices
+    from flopcount.cli import main
+
+    monkeypatch.setenv("FLOPCOUNT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(devices, "probe_matmul", lambda dtype: 1e11)
+    monkeypatch.setattr(devices, "probe_bandwidth", lambda: 1e10)
+    assert main(["roofline", "hf:tests/fixtures/hf/llama-gqa-tiny", "--seq-len", "8", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["device"].startswith("cpu") and doc["peak_flops"] == 1e11 and doc["bandwidth"] == 1e10
+    # 8 tokens, not the config's default length: the linear layers' forward alone is 2 x 8 x their weights
+    from flopcount.models import build
+
+    model, _, _ = build("hf:tests/fixtures/hf/llama-gqa-tiny", seq_len=8)
+    weights = sum(m.weight.numel() for m in model.modules() if type(m).__name__ == "Linear")
+    matmul = next(g for g in doc["groups"] if g["family"] == "matmul")
+    assert matmul["flops"] >= 3 * 2 * 8 * weights  # forward + backward's two products
+    assert matmul["flops"] < 3 * 2 * 16 * weights

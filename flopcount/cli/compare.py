@@ -28,7 +28,7 @@ def run(args) -> int:
     with model_errors(name, inputs):
         # "all" by name: estimators that do not apply to this model (a closed form on a CNN) are left out, not failed
         table = compare(model, inputs, estimators=args.estimators if args.estimators == "all" else names,
-                        model_name=name)
+                        model_name=name, progress=not args.no_progress)
     table.attrs["input"] = input_source(model, name, input_shape=args.input_shape, seq_len=args.seq_len)
     for est, msg in table.attrs["errors"].items():
         warn(f"estimator {est} failed, the others are compared: {msg}")

@@ -34,6 +34,18 @@ class UsageError(FlopcountError):
     """The command line does not parse."""
 
 
+class DefaultsShown(argparse.HelpFormatter):
+    """``--help`` says each option's default, where it has one that its help does not already state."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        if (default in (None, False, argparse.SUPPRESS) or "default" in text or not action.option_strings
+                or isinstance(default, bool)):
+            return text
+        return f"{text} (default: {default})"
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # argparse would print its usage and exit; we want the one-line form of every error
         raise UsageError(f"{message} (see `{self.prog} --help`)")
@@ -108,6 +120,8 @@ def _number(text: str, cast):
 
 def add_format(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=FORMATS, default="table", help="output format (json: one document on stdout)")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (bars are drawn on stderr, and only when it is a terminal)")
 
 
 def add_top(p: argparse.ArgumentParser) -> None:
@@ -121,7 +135,9 @@ def add_model(p: argparse.ArgumentParser, batch_default: Optional[int] = 1, batc
                                  "path/to/file.py:factory or package.module:attr")
     if batch:
         p.add_argument("--batch", type=positive_int, default=batch_default, help="batch size")
-    p.add_argument("--input-shape", default=None, help="per-sample input shape, e.g. 3,224,224")
+    p.add_argument("--input-shape", default=None,
+                   help="per-sample input shape, e.g. 3,224,224 (default: the model's own, its torchvision family's, "
+                        "else 3,224,224, said in the output)")
     p.add_argument("--num-classes", type=positive_int, default=None, help="classes of a torchvision classifier")
     if tokens:
         p.add_argument("--seq-len", type=positive_int, default=None,
@@ -129,9 +145,15 @@ def add_model(p: argparse.ArgumentParser, batch_default: Optional[int] = 1, batc
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
     parser = _Parser(prog="flopcount", description="Count the FLOPs of a PyTorch training step and measure how "
-                                                   "well a device is used.")
+                                                   "well a device is used.",
+                     formatter_class=DefaultsShown)
+    parser.add_argument("--version", action="version", version=f"flopcount {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_parser = sub.add_parser
+    sub.add_parser = lambda *a, **k: add_parser(*a, **{"formatter_class": DefaultsShown, **k})
     added = set()
     for module in COMMANDS.values():
         if module not in added:

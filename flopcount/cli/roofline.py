@@ -11,8 +11,10 @@ from .main import (EXIT_OK, add_format, add_model, add_top, fraction, natural_fl
 
 def add(sub) -> None:
     p = sub.add_parser("roofline", help="per-op intensity against a device's ridge point")
-    add_model(p)
-    p.add_argument("--device-spec", required=True, help="device name from `flopcount peaks`")
+    add_model(p, tokens=True)
+    p.add_argument("--device-spec", default="cpu",
+                   help="device name from `flopcount peaks`, or cpu: this CPU, its peak and bandwidth measured "
+                        "(and cached)")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="dtype of the model and its input")
     p.add_argument("--tf32", action="store_true", help="fp32 matmuls and convolutions run as TF32 (where the device has it)")
     p.add_argument("--by", choices=("family", "op", "module", "phase"), default="family", help="table grouping")
@@ -47,7 +49,8 @@ def _roofline(args) -> int:
     from ..roofline import from_spec
 
     roof = from_spec(args.model, args.device_spec, batch=args.batch, dtype=args.dtype, tf32=args.tf32,
-                     measured_seconds=args.measured, input_shape=args.input_shape, num_classes=args.num_classes)
+                     measured_seconds=args.measured, input_shape=args.input_shape, num_classes=args.num_classes,
+                     seq_len=args.seq_len)
     table = roof.by(args.by)
     if args.format == "json":
         print_json(dict(roof.summary(), by=args.by, groups=records(table.reset_index()), ops=records(roof.ops)))
@@ -68,11 +71,10 @@ def _roofline(args) -> int:
 
 
 def _overhead(args) -> int:
-    from tqdm import tqdm
-
     from ..overhead import from_spec
+    from ..progress import bar as progress_bar
 
-    bar = lambda bs: tqdm(bs, desc="batch ladder", unit="batch", file=sys.stderr, leave=False)  # noqa: E731
+    bar = lambda bs: progress_bar(bs, desc="batch ladder", unit="batch", wanted=not args.no_progress)  # noqa: E731
     res = from_spec(args.model, args.batches, device=args.device, threads=args.threads, num_classes=args.num_classes,
                     input_shape=args.input_shape, steps=args.steps, warmup=args.warmup, min_seconds=args.min_seconds,
                     threshold=args.threshold, stat=args.stat, progress=bar)

@@ -32,7 +32,6 @@ def add(sub) -> None:
     p.add_argument("--no-wait", action="store_true",
                    help="stop at once if another study is writing to OUT (default: wait for it to finish)")
     p.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_format(p)
 
 

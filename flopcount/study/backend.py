@@ -16,10 +16,11 @@ class TorchBackend:
     """The dispatch counter and the peer estimators, the step and epoch timers from ``flopcount.timing`` over the
     step of ``flopcount.step``, and the peak of ``devices.resolve_peak``."""
 
-    def __init__(self, config: StudyConfig):
+    def __init__(self, config: StudyConfig, progress: bool = False):
         import torch
 
         self.config = config
+        self.progress = progress  # a bar over an epoch's batches: the longest wait of a study row
         from ..step import resolve_device
 
         self.device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -140,7 +141,11 @@ class TorchBackend:
 
         loader = torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=False,
                                              num_workers=self.config.workers)
-        seconds, samples = time_epoch(self._model(name), loader, device=self.device)
+        from ..progress import bar
+
+        with bar(desc=f"{name} b={batch} epoch", total=len(loader), unit="batch", wanted=self.progress) as batches:
+            seconds, samples = time_epoch(self._model(name), loader, device=self.device,
+                                          on_batch=lambda inputs, target: batches.update())
         return float(seconds), int(samples)
 
     # the peak

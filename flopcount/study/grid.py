@@ -96,7 +96,7 @@ def run_study(config: StudyConfig, out: str, *, backend=None, resume: bool = Tru
     ``StudyError`` line."""
     config = config.validate()
     log = log or (lambda msg: print(msg, file=sys.stderr))
-    backend = backend or TorchBackend(config)
+    backend = backend or TorchBackend(config, progress=progress)
     if hasattr(backend, "check"):
         for m in config.models:
             backend.check(m)
@@ -303,6 +303,8 @@ def _per_sample(row: dict, batch: int) -> int:
 
 
 def _progress(total: int, initial: int, enabled: bool):
-    from tqdm.auto import tqdm
+    from ..progress import bar
 
-    return tqdm(total=total, initial=initial, disable=not enabled, unit="row", dynamic_ncols=True)
+    b = bar(desc="rows", total=total, unit="row", wanted=enabled, leave=True)
+    b.update(initial)
+    return b
