@@ -23,7 +23,7 @@ _INT_COLUMNS = ("flops", "bytes", "calls")
 # outside its submodules: a residual add, a loss, a class token. It makes every parent the exact sum of its rows.
 OWN = "(own)"
 # Metadata kept on the report but left out of ``to_dict``: the JSON document is a published contract.
-_NOT_SERIALIZED = ("params",)
+_NOT_SERIALIZED = ("params", "module_types")
 
 
 @dataclass
@@ -85,7 +85,7 @@ class FlopReport:
         f = self.frame[self.frame["status"] == UNCOUNTED]
         return {op: int(n) for op, n in f.groupby("op")["calls"].sum().items()}
 
-    def by(self, key: str = "op", depth: Optional[int] = None) -> pd.DataFrame:
+    def by(self, key: str = "op", depth: Optional[int] = None, collapse: bool = False) -> pd.DataFrame:
         """FLOPs, bytes and calls grouped by ``op``, ``module``, ``phase`` or ``family``, one column per phase.
 
         ``by("module")`` is flat: one row per module path, its own ops only, largest first. With ``depth``, it is
@@ -96,7 +96,7 @@ class FlopReport:
         if depth is not None:
             if key != "module":
                 raise ValueError("depth applies to by('module') only")
-            return self.module_tree(depth)
+            return self.module_tree(depth, collapse=collapse)
         f = self.frame
         if key == "phase":
             g = f.groupby("phase", sort=False)[["flops", "bytes", "calls"]].sum()
@@ -109,7 +109,53 @@ class FlopReport:
         g.columns.name = None
         return g.sort_values("total", ascending=False, kind="stable")
 
-    def module_tree(self, depth: int = 2) -> pd.DataFrame:
+    def collapsed_paths(self) -> Dict[str, str]:
+        """Module path -> the path it is shown under when repeated blocks are folded: a run of two or more
+        numbered siblings of one type with the same parameters and the same FLOPs in every phase (24 decoder
+        layers, ``layers.0`` ... ``layers.23``) becomes one module ``layers.0-23``, and their submodules its
+        submodules (``layers.0-23.self_attn``), each summing the run. Needs the module types the dispatch counter
+        records; without them nothing is folded."""
+        types = self.meta.get("module_types") or {}
+        if not types:
+            return {}
+        full = self.module_tree(depth=max(_depth(p) for p in types))
+        full = full[[not p.endswith(OWN) for p in full.index]]
+        signature_cols = [c for c in full.columns if c not in ("depth", "calls")]
+        children: Dict[str, list] = {}
+        for p in full.index:
+            if p:
+                children.setdefault(_parent(p), []).append(p)
+        folded: Dict[str, str] = {}
+        for parent, kids in children.items():
+            run: list = []
+            for k in [k for k in kids if k.rpartition(".")[2].isdigit()] + [None]:
+                same = run and k is not None and types.get(k) == types.get(run[0]) and \
+                    int(k.rpartition(".")[2]) == int(run[-1].rpartition(".")[2]) + 1 and \
+                    tuple(full.loc[k, signature_cols]) == tuple(full.loc[run[0], signature_cols])
+                if run and not same:
+                    if len(run) > 1:
+                        label = f"{run[0].rpartition('.')[2]}-{run[-1].rpartition('.')[2]}"
+                        for r in run:
+                            folded[r] = f"{parent}.{label}" if parent else label
+                    run = []
+                if k is not None:
+                    run.append(k)
+        return folded
+
+    def _fold(self, paths, folded: Dict[str, str]) -> Dict[str, str]:
+        """Each path under its folded name (a folded block's submodules follow it)."""
+        out = {}
+        for path in paths:
+            parts = path.split(".") if path else []
+            shown = ""
+            for i in range(len(parts)):
+                original = ".".join(parts[:i + 1])
+                part = folded[original].rpartition(".")[2] if original in folded else parts[i]
+                shown = f"{shown}.{part}" if shown else part
+            out[path] = shown
+        return out
+
+    def module_tree(self, depth: int = 2, collapse: bool = False) -> pd.DataFrame:
         """The modules down to ``depth`` (the root is depth 0, ``layer1`` 1, ``layer1.0`` 2), in model order.
 
         Each row sums its module's whole subtree: columns ``depth``, ``params``, one per phase, ``total``,
@@ -124,6 +170,19 @@ class FlopReport:
         values = phases + ["total", "bytes", "calls"]
         known = self.meta.get("params")
         owned = dict(known) if known is not None else {}
+        types = dict(self.meta.get("module_types") or {})
+        runs: Dict[str, int] = {}
+        if collapse:
+            folded = self.collapsed_paths()
+            shown = self._fold(list(owned) + list(flat.index), folded)
+            for original, path in folded.items():
+                runs[path] = runs.get(path, 0) + 1
+            merged: Dict[str, int] = {}
+            for p, n in owned.items():
+                merged[shown[p]] = merged.get(shown[p], 0) + n
+            owned = merged
+            flat = flat[values].groupby([shown[p] for p in flat.index], sort=False).sum()
+            types = {shown.get(p, p): t for p, t in types.items() if p in shown}
         paths = list(owned) + [m for m in flat.index if m not in owned]
 
         order: Dict[str, int] = {}
@@ -162,6 +221,9 @@ class FlopReport:
         tree = tree[["depth", "params"] + values].astype("int64")
         if known is None:
             tree["params"] = pd.array([pd.NA] * len(tree), dtype="Int64")
+        tree.attrs["types"] = {p: types[p] for p in tree.index if p in types}
+        tree.attrs["runs"] = runs  # a folded path -> how many blocks it stands for
+        tree.attrs["tied"] = dict(self.meta.get("tied") or {})
         return tree
 
     # --- output -------------------------------------------------------------------------------------------

@@ -23,6 +23,9 @@ def add(sub) -> None:
     p.add_argument("--depth", type=natural_int, default=None,
                    help=f"--by module as a tree down to this depth, each module summing its submodules (table: "
                         f"default {DEFAULT_DEPTH}; csv and json stay one flat row per module unless it is given)")
+    p.add_argument("--collapse", action="store_true",
+                   help="--by module: fold a run of identical numbered blocks (layers.0 ... layers.23, same type, "
+                        "parameters and FLOPs) into one row, layers.0-23 (x24), their submodules summed")
     add_top(p)
     p.add_argument("--no-backward", action="store_true", help="forward only")
     p.add_argument("--train", action="store_true",
@@ -71,7 +74,9 @@ def run(args) -> int:
     if args.format == "json":
         doc = report.to_dict()
         if args.depth is not None:
-            doc["modules"] = records(report.by("module", depth=args.depth).reset_index())
+            tree = report.by("module", depth=args.depth, collapse=args.collapse)
+            doc["modules"] = records(tree.assign(type=[tree.attrs["types"].get(m, "") for m in tree.index])
+                                     .reset_index())
         if mismatches is not None:
             doc["scaling"] = {"batch": args.batch, "ok": mismatches.empty, "mismatches": records(mismatches)}
         print_json(doc)
@@ -79,7 +84,7 @@ def run(args) -> int:
         print_frame(report.by(args.by, depth=args.depth), "csv")
     else:
         depth = DEFAULT_DEPTH if args.by == "module" and args.depth is None else args.depth
-        print(count_table(report, args.by, depth=depth, top=args.top))
+        print(count_table(report, args.by, depth=depth, top=args.top, collapse=args.collapse))
     if mismatches is not None:
         if mismatches.empty:
             print(f"scaling: every op at batch {args.batch} is exactly {args.batch} x batch 1", file=sys.stderr)
@@ -90,7 +95,7 @@ def run(args) -> int:
     return EXIT_OK
 
 
-def count_table(report, by: str, *, depth=None, top=None, width=None, color=None) -> str:
+def count_table(report, by: str, *, depth=None, top=None, width=None, color=None, collapse: bool = False) -> str:
     """The table of ``flopcount count``: per op, family, phase or module (a tree with ``depth``), with shares."""
     from . import render as R
 
@@ -113,10 +118,17 @@ def count_table(report, by: str, *, depth=None, top=None, width=None, color=None
         return R.table(g, cols, title=title, total=total, notes=notes, width=width, color=color)
     values = phases + ["total", "bytes", "calls"]
     if by == "module" and depth is not None:
-        g = _tree_top(report.by("module", depth=depth), top, values + ["params"])
-        label = [_tree_label(m, d, report.model) for m, d in zip(g.index, g["depth"])]
-        g = g.assign(module=label)
-        key = [R.Col("module")] + ([R.Col("params", R.PARAMS, drop=7)] if g["params"].notna().any() else [])
+        tree = report.by("module", depth=depth, collapse=collapse)
+        g = _tree_top(tree, top, values + ["params"])
+        runs, types = tree.attrs["runs"], tree.attrs["types"]
+        label = [_tree_label(m, d, report.model) + (f" (x{runs[m]})" if m in runs else "")
+                 for m, d in zip(g.index, g["depth"])]
+        tied_owners = {_tied_module(name): first for name, first in tree.attrs["tied"].items()}
+        g = g.assign(module=label, type=[types.get(m, "") + ("*" if m in tied_owners else "") for m in g.index])
+        key = [R.Col("module")] + ([R.Col("type", drop=8)] if types else [])
+        key += [R.Col("params", R.PARAMS, drop=7)] if g["params"].notna().any() else []
+        notes[:0] = [f"* {name} is {first} (tied): counted once, under {_tied_module(first) or 'the root'}"
+                     for name, first in tree.attrs["tied"].items() if _tied_module(name) in set(g.index)]
         total = None  # the root row is the total
     else:
         g = R.top(report.by(by), top, "total", values)
@@ -156,6 +168,10 @@ def _tree_label(path: str, depth, model: str) -> str:
     # the indentation says whose child a row is, so its own name is enough (csv and json have the full path)
     name = path.rpartition(".")[2] if path else (model or "model")
     return "  " * int(depth) + name
+
+
+def _tied_module(param: str) -> str:
+    return param.rpartition(".")[0]
 
 
 def _tree_top(tree, n, sums):

@@ -357,7 +357,8 @@ def count_step(
     notes = notes + [f"formula for {op} failed: {err}" for op, err in counter.errors.items()]
     return FlopReport.from_rows(
         rows, model=name, batch_size=batch_size_of(used, default=None),
-        estimator="dispatch", phases=phases, notes=notes, meta={**meta_extra, "params": _owned_params(model)},
+        estimator="dispatch", phases=phases, notes=notes, meta={**meta_extra, "params": _owned_params(model),
+                                                  "module_types": _module_types(model), **_tied(model)},
     )
 
 
@@ -387,6 +388,25 @@ def _owned_params(model: torch.nn.Module) -> Dict[str, int]:
         owner = name.rpartition(".")[0]
         owned[owner] = owned.get(owner, 0) + p.numel()
     return owned
+
+
+def _module_types(model: torch.nn.Module) -> Dict[str, str]:
+    """Module path -> its class name (``Conv2d``, ``LlamaDecoderLayer``), for the module tree."""
+    return {name: type(m).__name__ for name, m in model.named_modules()}
+
+
+def _tied(model: torch.nn.Module) -> Dict[str, Dict[str, str]]:
+    """``{"tied": {...}}``, or nothing for a model without tied parameters: parameter path -> the path it is counted under, for each parameter that is another one (a language model's
+    output layer sharing the input embedding's weight): counted once, at its first path, so its module would show
+    0 parameters without saying why."""
+    first: Dict[int, str] = {}
+    tied = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            tied[name] = first[id(p)]
+        else:
+            first[id(p)] = name
+    return {"tied": tied} if tied else {}
 
 
 class DispatchEstimator:
