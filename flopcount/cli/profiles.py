@@ -7,18 +7,24 @@ from .main import (EXIT_OK, UsageError, add_format, add_model, add_top, positive
                    records, warn)
 
 
+KERNEL_KEYS = ("device", "stream", "kernel")
+
+
 def add(sub) -> None:
     p = sub.add_parser("nsys", help="per-op FLOPs and GPU time from an Nsight Systems SQLite export")
     p.add_argument("profile", help="PROFILE.sqlite (nsys export --type sqlite)")
     p.add_argument("--naive", action="store_true", help="count the way the 2021 study's tool did")
-    p.add_argument("--by", choices=("op", "step", "phase", "module"), default="op",
-                   help="op: emit_nvtx markers; step, phase, module: the ranges flopcount.nvtx.annotate marked")
+    p.add_argument("--by", choices=("op", "step", "phase", "module") + KERNEL_KEYS, default="op",
+                   help="op: emit_nvtx markers; step, phase, module: the ranges flopcount.nvtx.annotate marked; "
+                        "device, stream, kernel: the kernels, where they ran (a multi-GPU export per GPU)")
     add_top(p)
     add_format(p)
 
     p = sub.add_parser("trace", help="per-op FLOPs, device time and FLOP/s from a torch.profiler trace")
     p.add_argument("profile", metavar="TRACE", help="TRACE.json or TRACE.json.gz (torch.profiler, record_shapes=True)")
     p.add_argument("--naive", action="store_true", help="every kernel x every enclosing op, as the 2021 study")
+    p.add_argument("--by", choices=("op", "phase") + KERNEL_KEYS, default="op",
+                   help="op, phase, or the kernels by device, stream or kernel name")
     add_top(p)
     add_format(p)
 
@@ -36,12 +42,71 @@ def run(args) -> int:
     if args.command == "trace":
         from ..profiles import kineto
 
-        return _print(args, kineto.analyze(args.profile, naive=args.naive), "trace")
+        a = kineto.analyze(args.profile, naive=args.naive)
+        if args.by == "phase":
+            return _by_phase(args, a)
+        return _by_kernels(args, a) if args.by in KERNEL_KEYS else _print(args, a, "trace")
+    if args.by in KERNEL_KEYS:
+        from ..profiles import analyze
+
+        return _by_kernels(args, analyze(args.profile))
     if args.by != "op":
         return _annotated(args)
     from ..profiles import analyze
 
     return _print(args, analyze(args.profile, naive=args.naive), "nsys")
+
+
+def _by_phase(args, a) -> int:
+    """The per-op rows summed per phase: FLOPs, calls, kernels, device time and its share, FLOP/s."""
+    from . import render as R
+
+    table = a.ops.groupby("phase", sort=False)[["flops", "naive_flops", "calls", "kernels", "gpu_s"]].sum(
+        min_count=1)
+    total_s = float(table["gpu_s"].sum())
+    table["share"] = table["gpu_s"] / total_s if total_s else float("nan")
+    table["flops_per_s"] = (table["flops"] / table["gpu_s"].where(table["gpu_s"] > 0)).astype(float)
+    if args.format == "json":
+        print_json({"profile": args.profile, "by": "phase", "rows": records(table.reset_index()), "notes": a.notes})
+        return EXIT_OK
+    if args.format == "csv":
+        print_frame(table, "csv")
+        return EXIT_OK
+    time_label = "CPU time" if getattr(a, "time_source", "device") == "cpu" else "GPU time"
+    cols = [R.Col("phase"), R.Col("flops", R.FLOPS, "FLOPs"), R.Col("naive_flops", R.FLOPS, "naive", drop=3),
+            R.Col("calls", R.INT, drop=1), R.Col("kernels", R.INT, drop=2), R.Col("gpu_s", R.SECONDS, time_label),
+            R.Col("share", R.SHARE, drop=5), R.Col("flops_per_s", R.RATE, "FLOP/s", drop=4)]
+    print(R.table(table.reset_index(), cols, title=[R.headline(args.profile, by="phase")],
+                  notes=[f"note: {n}" for n in a.notes]))
+    return EXIT_OK
+
+
+def _by_kernels(args, a) -> int:
+    """The kernels grouped by the device, the stream or the name they ran under: count, device time and its
+    share, and (with shapes) the FLOPs of the ops whose kernels ran there."""
+    from . import render as R
+
+    table = a.by_kernels(args.by)
+    if args.format == "json":
+        print_json({"profile": args.profile, "by": args.by, "devices": a.devices,
+                    "rows": records(table.reset_index()), "notes": a.notes})
+        return EXIT_OK
+    if args.format == "csv":
+        print_frame(table, "csv")
+        return EXIT_OK
+    shown = R.top(table, args.top, "gpu_s", ["kernels", "gpu_s", "flops", "share"]).reset_index()
+    shown[args.by] = shown[args.by].astype(str).replace({"-1": "(not recorded)"})
+    time_label = "CPU time" if getattr(a, "time_source", "device") == "cpu" else "GPU time"
+    cols = [R.Col(args.by), R.Col("kernels", R.INT), R.Col("gpu_s", R.SECONDS, time_label),
+            R.Col("share", R.SHARE, drop=2), R.Col("flops", R.FLOPS, "FLOPs", drop=1)]
+    total = dict(kernels=int(table["kernels"].sum()), gpu_s=float(table["gpu_s"].sum()), share=1.0,
+                 flops=float(table["flops"].sum()) if a.has_shapes else None)
+    title = [R.headline(args.profile, by=args.by)]
+    if a.devices:
+        title.append("  devices: " + ", ".join(sorted(set(a.devices))))
+    notes = ["an op's FLOPs are on the device and stream its kernels ran on"] if a.has_shapes else []
+    print(R.table(shown, cols, title=title, total=total, notes=notes + [f"note: {n}" for n in a.notes]))
+    return EXIT_OK
 
 
 def _print(args, a, kind: str) -> int:
@@ -96,9 +161,9 @@ def nsys_table(a, profile: str, naive: bool = False, top=None, notes=(), width=N
     time_label = "CPU time" if getattr(a, "time_source", "gpu") == "cpu" else "GPU time"
     head = {("ops" if kind == "trace" else "ranges"): f"{a.ranges:,}", "kernels": f"{a.kernels:,}",
             time_label.replace(" ", "_").lower(): R.seconds(a.gpu_seconds())}
-    if getattr(a, "devices", None):
-        head["devices"] = ", ".join(sorted(set(a.devices)))
     title = [R.headline(profile, **head)]
+    if getattr(a, "devices", None):  # a line of their own: a device's name is never broken in two
+        title.append("  devices: " + ", ".join(sorted(set(a.devices))))
     if shapes:
         label = "naive (every kernel x every enclosing range)" if naive else "de-duplicated (each op once)"
         title.append("  " + "  ".join(f"{p} {R.si(a.report.total(p))}" for p in a.report.phases)
@@ -115,7 +180,34 @@ def nsys_table(a, profile: str, naive: bool = False, top=None, notes=(), width=N
         total["flops_per_s"] = total["flops"] / gpu if gpu else None
     f = ops.reset_index()
     f["phase"] = f["phase"].fillna("")
+    notes = list(notes)
+    if shapes:  # a 0 that is not known to be 0 is shown as "-", and said
+        unknown = _unknown_flops(a)
+        blank = f["op"].isin(set(unknown)) & (f["flops"] == 0)
+        f.loc[blank, ["flops", "naive_flops", "flops_per_s"]] = float("nan")
+        if unknown:
+            notes.insert(0, "-: FLOPs not known, NOT in the totals: " + "; ".join(
+                f"{what}: {', '.join(names)}" for what, names in _unknown_kinds(a, unknown).items()))
     return R.table(f, cols, title=title, total=total, notes=notes, width=width, color=color)
+
+
+def _unknown_flops(a) -> list:
+    """Ops whose FLOPs the reader could not derive: aten ops without a formula, and ranges that ran kernels but
+    are no aten op (collectives, custom extensions, autograd functions)."""
+    foreign = a.ops[(a.ops["calls"] == 0) & (a.ops["kernels"] > 0) & (a.ops["flops"].fillna(0) == 0)]["op"]
+    return list(dict.fromkeys(list(a.report.uncounted) + list(foreign)))
+
+
+def _unknown_kinds(a, unknown) -> dict:
+    no_formula = [f"{op} x{n}" for op, n in a.report.uncounted.items()]
+    other = [op for op in unknown if op not in a.report.uncounted]
+    out = {}
+    if no_formula:
+        out["aten ops without a formula"] = no_formula
+    if other:
+        out[f"{len(other)} range(s) that are no aten op, their kernels timed"] = other[:5] + (
+            ["..."] if len(other) > 5 else [])
+    return out
 
 
 def _annotated(args) -> int:

@@ -53,6 +53,20 @@ class Analysis:
     devices: list = field(default_factory=list)  # GPU names (a torch.profiler trace's deviceProperties)
     time_source: str = "device"  # "cpu" where the profile has no device activity (op time = CPU time)
     op_ranges: Optional[pd.DataFrame] = None  # one row per op call: start, tid, op, phase, flops, status
+    # kernels per (device, stream, kernel name): count, device seconds, and the FLOPs of the ops whose kernels ran
+    # there (an op's FLOPs go to the device and stream of its last kernel); -1 where the profile does not say
+    kernel_groups: Optional[pd.DataFrame] = None
+
+    def by_kernels(self, key: str) -> pd.DataFrame:
+        """Kernels, device seconds (with their share) and FLOPs per ``device``, ``stream`` or ``kernel``."""
+        g = self.kernel_groups if self.kernel_groups is not None else pd.DataFrame(
+            columns=["device", "stream", "kernel", "kernels", "gpu_s", "flops"])
+        out = g.groupby(key, sort=True)[["kernels", "gpu_s", "flops"]].sum()
+        total = float(out["gpu_s"].sum())
+        out["share"] = out["gpu_s"] / total if total else float("nan")
+        if not self.has_shapes:
+            out["flops"] = float("nan")
+        return out.sort_values("gpu_s", ascending=False, kind="stable") if key == "kernel" else out
 
     def flops_per_s(self, phase: Optional[str] = None) -> float:
         """Achieved FLOP/s of a phase (or all): its de-duplicated FLOPs over its ops' time."""
@@ -200,7 +214,7 @@ def analyze(path_or_profile, naive: bool = False) -> Analysis:
         in_range = inner >= 0
         kcount_own, kcount, ktime, int_k, float_k = _kernel_sums(inner, in_range, kdur, k, op_of, n)
         under = subtree_sum(parent, depth, kcount_own, by_level)  # kernels launched anywhere inside (naive)
-        return in_range, kcount, ktime, int_k & ~float_k, under
+        return in_range, kcount, ktime, int_k & ~float_k, under, inner
 
     notes = list(prof.notes)
     for why, count in prof.skipped.items():
@@ -212,7 +226,7 @@ def analyze(path_or_profile, naive: bool = False) -> Analysis:
         if has_shapes:
             flops, status = op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, prof.sizes_format,
                                      notes, by_level)
-        in_range, kcount, ktime, int_only, under = side.result()
+        in_range, kcount, ktime, int_only, under, inner = side.result()
     # integer work is not floating-point work: an op whose kernels all name integer element types counts 0
     flops[int_only & (flops > 0)] = 0
     if prof.cpu_times:  # no device activity: an op's time is its own range's
@@ -265,7 +279,27 @@ def analyze(path_or_profile, naive: bool = False) -> Analysis:
     return Analysis(ops=ops, report=report, has_shapes=has_shapes, kernels=len(k), kernels_unlaunched=unl,
                     kernels_outside_ranges=outside, ranges=n, notes=notes, path=prof.path,
                     devices=list(prof.devices), time_source="cpu" if prof.cpu_times else "device",
-                    op_ranges=op_ranges)
+                    op_ranges=op_ranges,
+                    kernel_groups=_kernel_groups(k, kdur, inner, in_range, op_of, is_op, flops))
+
+
+def _kernel_groups(k, kdur, inner, in_range, op_of, is_op, flops) -> pd.DataFrame:
+    """Kernels, device seconds and FLOPs per (device, stream, kernel name). An op's FLOPs follow its kernels to
+    the device and stream they ran on (its last kernel's, where they ran on several)."""
+    n = len(k)
+    device = k["device"].to_numpy(np.int64) if "device" in k else np.full(n, -1, np.int64)
+    stream = k["stream"].to_numpy(np.int64) if "stream" in k else np.full(n, -1, np.int64)
+    op = np.where(in_range, op_of[np.maximum(inner, 0)], -1) if n else np.zeros(0, np.int64)
+    # each op's FLOPs on one kernel of it (the last), so that summing over kernels counts every op once
+    owner = np.full(len(flops), -1, np.int64)
+    hit = np.flatnonzero(op >= 0)
+    owner[op[hit]] = hit
+    kflops = np.zeros(n, np.float64)
+    counted = (owner >= 0) & is_op & (flops > 0)
+    kflops[owner[counted]] = flops[counted]
+    g = pd.DataFrame({"device": device, "stream": stream, "kernel": np.asarray(k["name"], dtype=object),
+                      "kernels": np.ones(n, np.int64), "gpu_s": kdur / 1e9, "flops": kflops})
+    return g.groupby(["device", "stream", "kernel"], sort=False).sum().reset_index()
 
 
 def _report(packets, name_codes, phase, is_op, flops, status, naive_flops, naive, prof, notes) -> FlopReport:

@@ -186,8 +186,10 @@ def _load(path: str) -> Profile:
             corr = args.get("correlation")
             ok = type(corr) is int and 0 <= corr < 1 << 62
             name = e.get("name", "")
+            gpu, stream = args.get("device", -1), args.get("stream", -1)
             device.append((start, start + max(dur, 0), corr if ok else -1,
-                           name[:4096] if type(name) is str else str(name)[:4096]))
+                           name[:4096] if type(name) is str else str(name)[:4096],
+                           gpu if type(gpu) is int else -1, stream if type(stream) is int else -1))
             continue
         name = e.get("name")
         if type(name) is not str or not name or len(name) > 4096:
@@ -260,9 +262,10 @@ def _keyed_seq(r: pd.DataFrame) -> np.ndarray:
 
 def _kernels(device, launches) -> pd.DataFrame:
     """Device activity with the thread (its code) and time of the launch of the same correlation id (the first)."""
-    start, end, corr, name = (list(c) for c in zip(*device)) if device else ([], [], [], [])
+    start, end, corr, name, gpu, stream = (list(c) for c in zip(*device)) if device else ([],) * 6
     k = pd.DataFrame({"start": np.array(start, np.int64), "end": np.array(end, np.int64),
-                      "corr": np.array(corr, np.int64)})
+                      "corr": np.array(corr, np.int64), "device": np.array(gpu, np.int64),
+                      "stream": np.array(stream, np.int64)})
     if launches:
         lc, lt, ls = (np.array(c, np.int64) for c in zip(*launches))
         keys = pd.Index(lc)
@@ -276,7 +279,7 @@ def _kernels(device, launches) -> pd.DataFrame:
         k["launch_tid"] = np.full(len(k), -1, np.int64)
         k["launch_start"] = np.full(len(k), -1, np.int64)
     k["name"] = pd.Categorical(np.array(name, dtype=object))
-    return k[["start", "end", "launch_tid", "launch_start", "name"]]
+    return k[["start", "end", "launch_tid", "launch_start", "name", "device", "stream"]]
 
 
 def analyze(path, naive: bool = False):

@@ -17,7 +17,8 @@ import pandas as pd
 
 from .sqlarrow import count, read_table
 
-KERNEL_SQL = "SELECT start, end, correlationId, globalPid, demangledName FROM CUPTI_ACTIVITY_KIND_KERNEL"
+KERNEL_SQL = ("SELECT start, end, correlationId, globalPid, demangledName, deviceId, streamId "
+              "FROM CUPTI_ACTIVITY_KIND_KERNEL")
 LAUNCH_SQL = "SELECT correlationId, globalTid, start FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE correlationId IS NOT NULL"
 
 
@@ -35,17 +36,17 @@ def read_kernels(uri, path, skipped, strings_of, bound_of=lambda table: 0):
     del rcols, rok
 
     def join(cols, ok):
-        start, end, corr, pid, name_id = cols
+        start, end, corr, pid, name_id, device, stream = cols
         tid, at = index.find(np.where(ok, corr, -1), pid)
-        return [start, end, tid, at, name_id]
+        return [start, end, tid, at, name_id, device, stream]
 
     cols, ok = read_table(uri, KERNEL_SQL, path, 2, bound_of("CUPTI_ACTIVITY_KIND_KERNEL"), join)
     count(skipped, "kernel with NULL or non-integer start or end", (~ok).sum())
     if not cols:
-        cols = [np.zeros(0, np.int64)] * 5
+        cols = [np.zeros(0, np.int64)] * 7
     if not ok.all():
         cols = [c[ok] for c in cols]
-    start, end, launch_tid, launch_start, name_id = cols
+    start, end, launch_tid, launch_start, name_id, device, stream = cols
     codes, uniq = dense_codes(name_id)
     strings = strings_of([int(u) for u in uniq if u >= 0])
     labels = np.array([str(strings.get(int(u), "")) for u in uniq], dtype=object)
@@ -53,7 +54,7 @@ def read_kernels(uri, path, skipped, strings_of, bound_of=lambda table: 0):
     names = pd.Categorical.from_codes(label_codes[codes] if len(codes) else np.zeros(0, np.int64),
                                       categories=pd.Index(label_uniq, dtype=object))
     return pd.DataFrame({"start": start, "end": end, "launch_tid": launch_tid, "launch_start": launch_start,
-                         "name": names}, copy=False)
+                         "name": names, "device": device, "stream": stream}, copy=False)
 
 
 def dense_codes(values: np.ndarray):
