@@ -130,7 +130,21 @@ def _grouped_bars(ax, table, *, log: bool = False, fmt=None):
     ax.set_xticklabels(table.index, rotation=30, ha="right", fontsize=8)
     if log:
         ax.set_yscale("log")
+        values = [float(v) for col in table.columns for v in table[col].tolist() if v == v and v > 0]
+        if values:
+            ax.set_ylim(bottom=log_bars_bottom(values))
     ax.grid(True, axis="y", lw=0.3, alpha=0.5)
+
+
+def log_bars_bottom(values) -> float:
+    """Where the bars of a log axis start: the round decade below the smallest bar, at least half its height
+    below it. Left to matplotlib, the axis starts just under the smallest bar (0.6 for 0.63), and a bar's visible
+    length then says little about its value: a 10% difference looks like a factor of several."""
+    import math
+
+    smallest = min(values)
+    bottom = 10.0 ** math.floor(math.log10(smallest))
+    return bottom / 10 if bottom > smallest / 2 else bottom
 
 
 def plot_study_estimates(results, path: str) -> str:

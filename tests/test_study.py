@@ -314,3 +314,11 @@ def test_verdicts_follow_the_numbers():
     assert "matches for 1 of 2 ratios the study stated" in text
     assert "*Within 10%:* Conv2d 1.85 to 1.95 (study 2)." in text
     assert "*Not within 10%:* Linear 1.7 to 2 (study 2)." in text
+
+
+def test_log_bars_start_at_a_round_decade_well_below_the_smallest_bar():
+    from flopcount.plots import log_bars_bottom
+
+    assert log_bars_bottom([0.63, 4.1, 1.8]) == pytest.approx(0.1)  # not 0.6: the bars' lengths stay honest
+    assert log_bars_bottom([1.0, 3.0]) == pytest.approx(0.1)  # a bar exactly on a decade keeps a length
+    assert log_bars_bottom([250.0]) == pytest.approx(100.0)
