@@ -3,7 +3,12 @@ that json and csv on stdout, a log file and a CI run stay clean; ``--no-progress
 from __future__ import annotations
 
 import sys
-from typing import Iterable, Optional
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Iterable, Iterator, Optional
+
+# the bar of a long count, which the dispatch counter ticks once per op it sees (nothing when there is none)
+_counting: ContextVar = ContextVar("flopcount_counting", default=None)
 
 
 def shown(wanted: bool = True) -> bool:
@@ -19,3 +24,26 @@ def bar(iterable: Optional[Iterable] = None, *, desc: str, total: Optional[int] 
 
     return tqdm(iterable, desc=desc, total=total, unit=unit, file=sys.stderr, disable=not shown(wanted),
                 leave=leave, dynamic_ncols=True)
+
+
+@contextmanager
+def counting(desc: str, *, wanted: bool = True) -> Iterator[None]:
+    """A bar of the ops a count has seen so far (no total is known before the step has run), for a count of a
+    large model that takes a while."""
+    if not shown(wanted):
+        yield
+        return
+    ops = bar(desc=desc, unit="op", wanted=True)
+    token = _counting.set(ops)
+    try:
+        yield
+    finally:
+        _counting.reset(token)
+        ops.close()
+
+
+def tick() -> None:
+    """One op seen, on the count's bar if one is shown."""
+    ops = _counting.get()
+    if ops is not None:
+        ops.update()

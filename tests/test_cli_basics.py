@@ -73,3 +73,16 @@ def test_compare_draws_its_bar_on_stderr_and_keeps_json_clean(tmp_path, monkeypa
     assert "estimators" in err
     assert main(["compare", f"{path}:build", "--input-shape", "4", "--estimators", "fvcore", "--no-progress"]) == 0
     assert "estimators" not in capsys.readouterr().err
+
+
+def test_count_shows_the_ops_it_has_seen_on_a_terminal_and_nothing_with_no_progress(monkeypatch, capsys):
+    monkeypatch.setattr(progress, "shown", lambda wanted=True: bool(wanted))  # as on a terminal
+    assert main(["count", "resnet18", "--format", "json"]) == 0
+    out, err = capsys.readouterr()
+    assert "counting resnet18" in err and "op" in err
+    import json
+
+    json.loads(out)  # stdout untouched
+    assert main(["count", "resnet18", "--no-progress"]) == 0
+    assert "counting" not in capsys.readouterr().err
+    progress.tick()  # outside a count: nothing to tick, no error

@@ -40,6 +40,7 @@ def run(args) -> int:
     from .. import count, eval_mode_note, get_estimator
     from ..errors import FlopcountError, model_errors
     from ..models import build, input_source
+    from ..progress import counting
     from ..scaling import check_scaling
 
     if args.by is None:
@@ -52,7 +53,7 @@ def run(args) -> int:
                                 num_classes=args.num_classes, seq_len=args.seq_len,
                                 device="cpu" if real else args.device, random=real, train=args.train)
     options = {"as_device": args.as_device} if args.as_device != "cpu" else {}
-    with model_errors(name, inputs):
+    with model_errors(name, inputs), counting(f"counting {name}", wanted=not args.no_progress):
         report = count(model, inputs, estimator=args.estimator, backward=not args.no_backward, device=args.device,
                        **options)
         mismatches = None

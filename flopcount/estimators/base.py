@@ -26,7 +26,8 @@ from typing import Any, Callable, Dict, Optional, Protocol, Tuple, runtime_check
 
 from ..errors import FlopcountError, one_line
 from ..report import PHASES, FlopReport
-from ..step import batch_size_of, make_loss, module_stack  # noqa: F401  (the peers watch modules through it)
+# the peers watch modules, and call the model as the step does, through these
+from ..step import batch_size_of, call_model, make_loss, module_stack  # noqa: F401
 
 ENTRY_POINT_GROUP = "flopcount.estimators"
 DEVICES = ("meta", "cpu", "cuda")
@@ -351,13 +352,6 @@ def peer_inputs(inputs):
 
 def as_args(inputs) -> tuple:
     return inputs if isinstance(inputs, tuple) else (inputs,)
-
-
-def call_model(model, inputs):
-    """Run ``model`` on its inputs as the step does: a dict as keyword arguments, a tuple as positional ones."""
-    if isinstance(inputs, dict):
-        return model(**inputs)
-    return model(*as_args(inputs))
 
 
 KEYWORD_ROOT = "model"  # the caller's model inside ``positional_call``'s wrapper

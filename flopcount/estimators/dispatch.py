@@ -30,6 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import formulas
 from ..errors import reason
+from ..progress import tick
 from ..step import (batch_size_of, call_model, default_loss, module_stack, preserved, random_on,
                     rebuild_optimizer)
 from ..report import COUNTED, UNCOUNTED, ZERO, FlopReport
@@ -174,6 +175,7 @@ class _Counter(TorchDispatchMode):
     # --- the hook -----------------------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        tick()
         info = self._ops.get(func)
         if info is None:
             info = self._ops[func] = _OpInfo(func)
@@ -396,9 +398,10 @@ def _module_types(model: torch.nn.Module) -> Dict[str, str]:
 
 
 def _tied(model: torch.nn.Module) -> Dict[str, Dict[str, str]]:
-    """``{"tied": {...}}``, or nothing for a model without tied parameters: parameter path -> the path it is counted under, for each parameter that is another one (a language model's
-    output layer sharing the input embedding's weight): counted once, at its first path, so its module would show
-    0 parameters without saying why."""
+    """``{"tied": {...}}``, or nothing for a model without tied parameters: parameter path -> the path it is
+    counted under, for each parameter that is another one (a language model's output layer sharing the input
+    embedding's weight): counted once, at its first path, so its module would show 0 parameters without saying
+    why."""
     first: Dict[int, str] = {}
     tied = {}
     for name, p in model.named_parameters(remove_duplicate=False):

@@ -18,7 +18,8 @@ from collections import defaultdict
 
 from .. import formulas
 from ..report import COUNTED, UNCOUNTED, ZERO, FlopReport
-from .base import Capabilities, Request, call_model, module_stack, peer_inputs, peer_report, require, run_failed, untouched
+from .base import (Capabilities, Request, call_model, module_stack, peer_inputs, peer_report, require, run_failed,
+                   untouched)
 
 _NOTE = "ptflops counts MACs; flops = 2 x native; forward only"
 _FORWARD_ONLY = Capabilities(phases=("forward",))
