@@ -17,15 +17,15 @@ import pandas as pd
 
 from .sqlarrow import count, read_table
 
-KERNEL_SQL = ("SELECT start, end, correlationId, globalPid, demangledName, deviceId, streamId "
+KERNEL_SQL = ("SELECT start, end, correlationId, globalPid, demangledName, {placed} "
               "FROM CUPTI_ACTIVITY_KIND_KERNEL")
 LAUNCH_SQL = "SELECT correlationId, globalTid, start FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE correlationId IS NOT NULL"
 
 
-def read_kernels(uri, path, skipped, strings_of, bound_of=lambda table: 0):
+def read_kernels(uri, path, skipped, strings_of, bound_of=lambda table: 0, placed: bool = True):
     """Every kernel with its launching thread and launch time (-1 where its launch is not in the file) and its
     name; ``strings_of(ids)`` gives StringIds' {id: text} for the name ids, ``bound_of(table)`` an upper bound on
-    a table's rows.
+    a table's rows. ``placed``: the table has ``deviceId`` and ``streamId`` (else every kernel is on -1, unknown).
 
     The launches are read first and indexed; each batch of kernels is then joined as it is read, so a kernel's
     correlation id and process are never held for the whole table."""
@@ -40,7 +40,8 @@ def read_kernels(uri, path, skipped, strings_of, bound_of=lambda table: 0):
         tid, at = index.find(np.where(ok, corr, -1), pid)
         return [start, end, tid, at, name_id, device, stream]
 
-    cols, ok = read_table(uri, KERNEL_SQL, path, 2, bound_of("CUPTI_ACTIVITY_KIND_KERNEL"), join)
+    sql = KERNEL_SQL.format(placed="deviceId, streamId" if placed else "-1, -1")
+    cols, ok = read_table(uri, sql, path, 2, bound_of("CUPTI_ACTIVITY_KIND_KERNEL"), join)
     count(skipped, "kernel with NULL or non-integer start or end", (~ok).sum())
     if not cols:
         cols = [np.zeros(0, np.int64)] * 7

@@ -280,6 +280,8 @@ def load(path) -> Profile:
     try:
         meta = check_schema(con, path)
         arrow()  # the extra's absence is one line before any reading
+        # where each kernel ran: every Nsight export has these columns; an export without them reads as one device
+        placed = {"deviceId", "streamId"} <= _columns(con, "CUPTI_ACTIVITY_KIND_KERNEL", path)
         push, start_end = _event_type_ids(con, path)
         from .annotations import domain_filter  # flopcount.nvtx's ranges nest apart from emit_nvtx's
 
@@ -288,7 +290,7 @@ def load(path) -> Profile:
 
         def side():
             kernels = read_kernels(uri, path, kskipped, lambda ids: _strings(uri, path, ids),
-                                   lambda table: row_bound(uri, table, os.path.getsize(path)))
+                                   lambda table: row_bound(uri, table, os.path.getsize(path)), placed=placed)
             side_con = _side_connection(uri)
             try:  # a full scan of the table, for one note: on this thread, beside the ranges
                 n = _query(side_con, "SELECT count(*) FROM NVTX_EVENTS WHERE eventType IN "

@@ -16,11 +16,11 @@ class TorchBackend:
     """The dispatch counter and the peer estimators, the step and epoch timers from ``flopcount.timing`` over the
     step of ``flopcount.step``, and the peak of ``devices.resolve_peak``."""
 
-    def __init__(self, config: StudyConfig, progress: bool = False):
+    def __init__(self, config: StudyConfig):
         import torch
 
         self.config = config
-        self.progress = progress  # a bar over an epoch's batches: the longest wait of a study row
+        self.progress = False  # a bar over an epoch's batches, the longest wait of a study row (run_study sets it)
         from ..step import resolve_device
 
         self.device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")

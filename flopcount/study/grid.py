@@ -96,7 +96,9 @@ def run_study(config: StudyConfig, out: str, *, backend=None, resume: bool = Tru
     ``StudyError`` line."""
     config = config.validate()
     log = log or (lambda msg: print(msg, file=sys.stderr))
-    backend = backend or TorchBackend(config, progress=progress)
+    if backend is None:
+        backend = TorchBackend(config)
+        backend.progress = progress  # its bar over each epoch's batches
     if hasattr(backend, "check"):
         for m in config.models:
             backend.check(m)
