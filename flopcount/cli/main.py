@@ -51,8 +51,22 @@ def print_frame(frame, fmt: str, title: str = "", cols=None) -> None:
 
 
 def print_json(doc) -> None:
-    json.dump(doc, sys.stdout, indent=2, default=str)
+    """One strict JSON document: a figure that is not a number (a rate over 0 s) is null, never a bare NaN that
+    strict parsers reject."""
+    json.dump(_finite(doc), sys.stdout, indent=2, default=str, allow_nan=False)
     sys.stdout.write("\n")
+
+
+def _finite(value):
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    if isinstance(value, float) or type(value).__module__ == "numpy" and hasattr(value, "dtype") \
+            and value.dtype.kind == "f":
+        value = float(value)
+        return value if value == value and value not in (float("inf"), float("-inf")) else None
+    return value
 
 
 def records(frame) -> list:
@@ -97,6 +111,17 @@ def fraction(text: str) -> float:
     if not 0 < value < 1:
         raise argparse.ArgumentTypeError(f"must be a number between 0 and 1, not {text!r}")
     return value
+
+
+def output_file(text: str) -> str:
+    """An output path (``--plot``): refused before any work where it is a device, a pipe or a directory."""
+    from ..errors import OutputError
+    from ..outputs import check_output
+
+    try:
+        return check_output(text, "a figure")
+    except OutputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _number(text: str, cast):

@@ -40,6 +40,10 @@ def capture(model: str, batch: int, out: str = "run", input_shape=None, num_clas
     (``out``.sqlite)."""
     if int(steps) < 1:
         raise CaptureError(f"steps must be a positive integer, not {steps}")
+    from ..outputs import check_output
+
+    for suffix in (".nsys-rep", ".sqlite"):  # nsys writes both in place of whatever is there
+        check_output(f"{out}{suffix}", "a capture")
     nsys = shutil.which("nsys")
     if nsys is None:
         raise CaptureError("nsys (Nsight Systems) is not on PATH; install it or profile on a machine that has it")
@@ -82,6 +86,9 @@ def capture_kineto(model: str, batch: int, out: str = "run", input_shape=None, n
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from ..outputs import check_output
+
+    path = check_output(out if out.endswith((".json", ".json.gz")) else f"{out}.json.gz", "a trace")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     step = training_step(model, batch, device=device, input_shape=input_shape, num_classes=num_classes)
     step()
@@ -91,7 +98,6 @@ def capture_kineto(model: str, batch: int, out: str = "run", input_shape=None, n
     with profile(activities=activities, record_shapes=True) as prof:
         step()
         sync()
-    path = out if out.endswith((".json", ".json.gz")) else f"{out}.json.gz"
     folder = os.path.dirname(os.path.abspath(path))
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
         raw = os.path.join(tmp, "trace.json")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from .sanity import AMBIGUOUS_LAUNCH, LAUNCH_TWICE
 from .sqlarrow import count, read_table
 
 KERNEL_SQL = "SELECT start, end, correlationId, globalPid, demangledName FROM CUPTI_ACTIVITY_KIND_KERNEL"
@@ -32,6 +33,7 @@ def read_kernels(uri, path, skipped, strings_of, bound_of=lambda table: 0):
     if rcols and not rok.all():
         rcols = [c[rok] for c in rcols]
     index = LaunchIndex(*(rcols if rcols else [np.zeros(0, np.int64)] * 3))
+    count(skipped, LAUNCH_TWICE, index.repeated)
     del rcols, rok
 
     def join(cols, ok):
@@ -76,8 +78,9 @@ def join_launches(corr, pid, r_corr, r_tid, r_start):
 
 class LaunchIndex:
     """The launches (runtime calls) of an export, looked up by (process, correlationId): through a table indexed by
-    (process slot, correlation id) wherever the ids are dense enough for one, else through a hash. Of two launches
-    with one key, the first."""
+    (process slot, correlation id) wherever the ids are dense enough for one, else through a hash. Two launches
+    with one key are one launch recorded twice where their thread and time agree (``repeated`` counts them), else
+    the key is ambiguous: its kernels get ``AMBIGUOUS_LAUNCH`` as their thread, and the screening drops them."""
 
     def __init__(self, corr, tid, start):
         self.tid = np.asarray(tid, np.int64)
@@ -85,6 +88,8 @@ class LaunchIndex:
         rc = np.asarray(corr, np.int64)
         rp = self.tid >> 24
         self.table = self.hash = None
+        self.repeated = 0
+        self.ambiguous = None  # per launch row: its key has another launch with another thread or time
         if len(rc):
             self.table = self._table(rp, rc)
             if self.table is None:
@@ -109,7 +114,16 @@ class LaunchIndex:
     def _hash(self, rp, rc):
         self.packed = max(rc.max(), 0) < 1 << 32 and rc.min() >= -1 and rp.max() < 1 << 30 and rp.min() >= -1
         keys = pd.Index((rp << 32) | (rc & 0xFFFFFFFF)) if self.packed else pd.MultiIndex.from_arrays([rp, rc])
-        first = np.flatnonzero(~keys.duplicated(keep="first"))
+        dup = keys.duplicated(keep="first")
+        first = np.flatnonzero(~dup)
+        if dup.any():
+            again = np.flatnonzero(dup)
+            original = first[keys[first].get_indexer(keys[again])]
+            same = (self.tid[again] == self.tid[original]) & (self.start[again] == self.start[original])
+            self.repeated = int(same.sum())
+            if not same.all():
+                self.ambiguous = np.zeros(len(rc), bool)
+                self.ambiguous[original[~same]] = True
         return keys[first], first
 
     def find(self, corr, pid):
@@ -136,4 +150,8 @@ class LaunchIndex:
         safe = np.where(hit, pos, 0)
         if not len(self.tid):
             return np.full(len(kc), -1, np.int64), np.full(len(kc), -1, np.int64)
-        return np.where(hit, self.tid[safe], -1), np.where(hit, self.start[safe], -1)
+        tid, at = np.where(hit, self.tid[safe], -1), np.where(hit, self.start[safe], -1)
+        if self.ambiguous is not None:
+            unsure = hit & self.ambiguous[safe]
+            tid[unsure], at[unsure] = AMBIGUOUS_LAUNCH, -1
+        return tid, at
