@@ -17,6 +17,11 @@ def check_model(model, what: str = "model") -> None:
     """A ``torch.nn.Module`` (a DDP or compiled wrapper of one is one too)."""
     if not isinstance(model, torch.nn.Module):
         raise ArgumentError(f"{what} must be a torch.nn.Module, not {type(model).__name__} ({_short(model)})")
+    scripted = getattr(torch.jit, "RecursiveScriptModule", ())
+    if isinstance(model, scripted) and any(True for _ in model.children()):
+        # modules are followed through forward hooks, which a scripted module's submodules do not take
+        raise ArgumentError(f"{what} is a torch.jit.script module with submodules, which take no forward hooks: "
+                            "pass the module before scripting it (a torch.jit.trace module works too)")
 
 
 def check_optimizer(optimizer) -> None:

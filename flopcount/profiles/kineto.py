@@ -149,6 +149,7 @@ def _load(path: str) -> Profile:
         skipped[why] = skipped.get(why, 0) + 1
 
     rows, launches, device = [], [], []
+    saw_device = False
     threads: dict = {}
     # a trace repeats a few thousand distinct calls (one layer's op, step after step): each is parsed once, keyed
     # by the repr of what was recorded (made in C, far cheaper than the parse)
@@ -162,6 +163,7 @@ def _load(path: str) -> Profile:
         args = e.get("args")
         if type(args) is not dict:
             args = {}
+        saw_device = saw_device or cat in DEVICE_CATS  # even if its times are unusable: not a CPU-only trace
         try:
             ts, dur = e.get("ts"), e.get("dur")
             if type(ts) is float and type(dur) is float:  # _ns, inline: every event pays it
@@ -239,7 +241,7 @@ def _load(path: str) -> Profile:
         raise ProfileError(f"{path}: no usable cpu_op events (skipped: {why})")
     kernels = sanity.screen_kernels(_kernels(device, launches, skipped), skipped)
     devices = [str(d.get("name", "")) for d in meta.get("deviceProperties", []) or [] if isinstance(d, dict)]
-    notes = ["no device activity in this trace: each op's time is its own CPU time"] if not device else []
+    notes = ["no device activity in this trace: each op's time is its own CPU time"] if not saw_device else []
     zero, nodes = sanity.zero_length(ranges, markers.is_backward_node)
     if zero == len(ranges) and len(ranges) > 1:
         raise ProfileError(f"{path}: {sanity.ALL_ZERO}")
@@ -247,7 +249,7 @@ def _load(path: str) -> Profile:
         notes.append(f"{nodes:,} {sanity.ZERO_NODES}")
     return Profile(path=path, ranges=ranges, kernels=kernels, schema_version=str(meta.get("schemaVersion", "")),
                    product_version="torch.profiler", skipped=skipped, notes=notes, sizes_format="kineto",
-                   cpu_times=not device, devices=devices)
+                   cpu_times=not saw_device, devices=devices)
 
 
 def _keyed_seq(r: pd.DataFrame) -> np.ndarray:
