@@ -71,8 +71,8 @@ def dense_codes(values: np.ndarray):
 
 def join_launches(corr, pid, r_corr, r_tid, r_start):
     """(launch_tid, launch_start) per kernel: its runtime call of the same correlationId and process, or -1.
-    ``corr`` and ``pid`` hold -1 where the kernel has none; of two launches with one (process, correlationId),
-    the first."""
+    ``corr`` and ``pid`` hold -1 where the kernel has none; two launches with one (process, correlationId) are one
+    recorded twice where thread and time agree, else the kernel's thread is ``AMBIGUOUS_LAUNCH``."""
     return LaunchIndex(r_corr, r_tid, r_start).find(corr, pid)
 
 

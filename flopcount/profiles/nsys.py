@@ -13,10 +13,12 @@ Arrow's kernels and numpy release the GIL, so two cores read the file at once. S
 The file is opened read-only. Without a ``-wal`` beside it, with ``immutable=1`` (fixtures may live on read-only
 storage, and a profile is never modified); with one, without it, so that SQLite reads the rows committed in the
 WAL, and where that open fails (a read-only folder with no ``-shm``) the file is read without them and a note
-says so.
+says so. A hot rollback journal beside it (a writer killed mid-transaction) is refused: a read-only open cannot
+roll it back, and the pages would be read half old, half new.
 
 Malformed values (a NULL or non-integer time or thread, an end before its start or equal to it, a marker text
-over 1 MiB or not text at all) are skipped and counted in ``Profile.skipped``, which the analysis reports.
+over 1 MiB, empty or not text at all) are skipped and counted in ``Profile.skipped``, which the analysis reports;
+then ``sanity.screen_*`` drops impossible times and merges rows recorded twice, counted the same way.
 """
 from __future__ import annotations
 
