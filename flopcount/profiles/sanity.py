@@ -13,8 +13,8 @@ Both readers (Nsight exports and torch.profiler traces) hand their frames to :fu
 * a row recorded twice (same thread, times and marker; same times, name and launch): counted once, or a trace
   whose events were written twice reads as twice the time.
 
-The duplicate checks look only at rows that share a start time, so a file without duplicates pays one comparison
-per row.
+The duplicate checks look only at rows that share a start time, so a file without duplicates pays a comparison
+per row (ranges, already in thread and time order) or one sort of the kernels' start times.
 """
 from __future__ import annotations
 
@@ -43,8 +43,15 @@ def count(skipped: dict, reason: str, n) -> None:
         skipped[reason] = skipped.get(reason, 0) + int(n)
 
 
-def bad_times(start: np.ndarray, end: np.ndarray) -> tuple:
-    """(negative, too long or too late) masks of rows with an end at or after their start."""
+def bad_times(start: np.ndarray, end: np.ndarray):
+    """(negative, too long or too late) masks, or None where no row can be either: the common case is settled by
+    four reductions, without a temporary array per row (at tens of millions of rows, fresh memory costs more than
+    the arithmetic)."""
+    if not len(start):
+        return None
+    lo, hi = int(min(start.min(), end.min())), int(max(start.max(), end.max()))
+    if lo >= 0 and hi < MAX_TIME and hi - int(start.min()) <= MAX_DURATION:
+        return None
     negative = (start < 0) | (end < 0)
     # with start >= 0, end - start cannot overflow; a negative row's wrapped difference is masked out
     late = ~negative & ((end >= MAX_TIME) | (end - start > MAX_DURATION))
@@ -52,26 +59,31 @@ def bad_times(start: np.ndarray, end: np.ndarray) -> tuple:
 
 
 def repeated(frame: pd.DataFrame, cols: list) -> np.ndarray:
-    """Rows equal, in ``cols``, to an earlier row; only rows sharing a start with another row are compared."""
+    """Rows equal, in ``cols``, to an earlier row; only rows that share a start (and thread, where there is one)
+    with another row are compared, found by adjacency where the frame is in that order (ranges are), else through
+    one sort of the start times."""
     start = frame["start"].to_numpy(np.int64)
     n = len(start)
     out = np.zeros(n, bool)
     if n < 2:
         return out
-    if (start[1:] >= start[:-1]).all():
-        same = start[1:] == start[:-1]
+    tid = frame["tid"].to_numpy(np.int64) if "tid" in frame.columns else np.zeros(n, np.int64)
+    same_tid = tid[1:] == tid[:-1]
+    if ((tid[1:] > tid[:-1]) | (same_tid & (start[1:] >= start[:-1]))).all():
+        same = same_tid & (start[1:] == start[:-1])
         if not same.any():
             return out
         cand = np.zeros(n, bool)
         cand[1:] |= same
         cand[:-1] |= same
     else:
-        counts = pd.Series(start).map(pd.Series(start).value_counts()).to_numpy()
-        cand = counts > 1
-        if not cand.any():
+        ordered = np.sort(start)
+        shared = ordered[1:][ordered[1:] == ordered[:-1]]
+        if not len(shared):
             return out
+        cand = np.isin(start, shared)
     idx = np.flatnonzero(cand)
-    sub = frame.iloc[idx][cols]
+    sub = frame.iloc[idx]
     # categorical codes compare what the text compares, without the text
     sub = pd.DataFrame({c: (sub[c].cat.codes if isinstance(sub[c].dtype, pd.CategoricalDtype) else sub[c])
                         for c in cols})
@@ -86,10 +98,13 @@ def screen_ranges(ranges: pd.DataFrame, skipped: dict, what: str = "range") -> p
         return ranges
     start = ranges["start"].to_numpy(np.int64)
     end = ranges["end"].to_numpy(np.int64)
-    negative, late = bad_times(start, end)
-    count(skipped, NEGATIVE.format(what=what), negative.sum())
-    count(skipped, TOO_LONG.format(what=what), late.sum())
-    drop = negative | late
+    drop = np.zeros(len(start), bool)
+    bad = bad_times(start, end)
+    if bad is not None:
+        negative, late = bad
+        count(skipped, NEGATIVE.format(what=what), negative.sum())
+        count(skipped, TOO_LONG.format(what=what), late.sum())
+        drop |= negative | late
     cols = [c for c in ("tid", "start", "end", "name", "seq", "sizes", "eid") if c in ranges.columns]
     twice = repeated(ranges, cols)
     count(skipped, RANGE_TWICE if what == "range" else RANGE_TWICE.replace("range", what), (twice & ~drop).sum())
@@ -103,15 +118,21 @@ def screen_kernels(kernels: pd.DataFrame, skipped: dict) -> pd.DataFrame:
         return kernels
     start = kernels["start"].to_numpy(np.int64)
     end = kernels["end"].to_numpy(np.int64)
+    drop = np.zeros(len(start), bool)
     backwards = end < start
-    negative, late = bad_times(start, np.maximum(end, start))
-    negative &= ~backwards
-    late &= ~backwards & ~negative
+    if backwards.any():
+        count(skipped, KERNEL_BACKWARDS, backwards.sum())
+        drop |= backwards
+        end = np.where(backwards, start, end)
+    bad = bad_times(start, end)
+    if bad is not None:
+        negative, late = bad
+        negative &= ~drop
+        late &= ~drop & ~negative
+        count(skipped, NEGATIVE.format(what="kernel"), negative.sum())
+        count(skipped, TOO_LONG.format(what="kernel"), late.sum())
+        drop |= negative | late
     ambiguous = kernels["launch_tid"].to_numpy() == AMBIGUOUS_LAUNCH
-    count(skipped, KERNEL_BACKWARDS, backwards.sum())
-    count(skipped, NEGATIVE.format(what="kernel"), negative.sum())
-    count(skipped, TOO_LONG.format(what="kernel"), late.sum())
-    drop = backwards | negative | late
     count(skipped, AMBIGUOUS, (ambiguous & ~drop).sum())
     drop |= ambiguous
     twice = repeated(kernels, ["start", "end", "name", "launch_tid", "launch_start"])
