@@ -28,7 +28,8 @@ def check_source(source: str) -> None:
         return
     looks_local = (source.startswith((".", "/", "~")) or "\\" in source or not _HUB_ID.match(source))
     if looks_local:
-        raise ModelSpecError(f"hf:{source}: no such directory (a local path; a hub ID is NAME or NAMESPACE/NAME)")
+        raise ModelSpecError(f"cannot read the transformers config of {source!r}: no such directory (a local path; "
+                             "a hub ID is NAME or NAMESPACE/NAME)")
 
 
 def _int(config, *names):
