@@ -3,15 +3,26 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from . import estimators
-from .estimators import EstimatorError, available as available_estimators, get_estimator, register_estimator
-from .report import FlopReport
-# A submodule import binds the submodule's name on the package. Import the submodules that share a name with a
-# public function first, then bind the functions: a later ``import flopcount.utilization`` finds the module
-# loaded and leaves the function in place.
-from . import compare as _compare_module, utilization as _utilization_module  # noqa: F401
-from .compare import compare
-from .utilization import utilization
+import sys as _sys
+
+try:
+    from . import estimators
+    from .estimators import EstimatorError, available as available_estimators, get_estimator, register_estimator
+    from .report import FlopReport
+    # A submodule import binds the submodule's name on the package. Import the submodules that share a name with
+    # a public function first, then bind the functions: a later ``import flopcount.utilization`` finds the module
+    # loaded and leaves the function in place.
+    from . import compare as _compare_module, utilization as _utilization_module  # noqa: F401
+    from .compare import compare
+    from .utilization import utilization
+except KeyboardInterrupt:
+    # Ctrl-C in the seconds torch takes to import, from the ``flopcount`` command (or ``python -m flopcount``, whose
+    # argv[0] is "-m" while the package loads): the command's one line, not a traceback; a library caller gets
+    # its KeyboardInterrupt as ever
+    if _sys.argv and (_sys.argv[0] == "-m" or _sys.argv[0].rpartition("/")[2] == "flopcount"):
+        print("flopcount: interrupted", file=_sys.stderr)
+        raise SystemExit(130) from None
+    raise
 
 __version__ = "0.1.0"
 __all__ = [

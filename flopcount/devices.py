@@ -248,6 +248,9 @@ def step_peak(report, spec: DeviceSpec, *, tf32: Union[bool, Mapping[str, bool],
     return effective_peak(mix, spec) if mix else spec.peak("fp32")
 
 
+MIN_PEAK = 1e6  # FLOP/s: a microcontroller's; every device PyTorch runs on is far above it
+
+
 def resolve_peak(mix: Mapping[str, float], *, device, peak=None,
                  device_spec=None) -> Tuple[float, str, Optional[DeviceSpec]]:
     """(peak FLOP/s, its source, the spec it came from or None) of a step's precision mix on ``device``:
@@ -262,6 +265,9 @@ def resolve_peak(mix: Mapping[str, float], *, device, peak=None,
             raise FlopcountError(f"peak must be a number of FLOP/s (like 9.3e12), not {peak!r}") from None
         if not math.isfinite(value) or value <= 0:
             raise FlopcountError(f"peak must be a positive number of FLOP/s, not {peak!r}")
+        if value < MIN_PEAK:  # a unit slip (TFLOP/s given as 9.3) would report utilization in the billions
+            raise FlopcountError(f"peak {value:g} FLOP/s is below any device that runs PyTorch (at least "
+                                 f"{MIN_PEAK:g}); give it in FLOP/s, like 9.3e12")
         return value, "given", None
     device = torch.device(device)
     if device_spec is not None:

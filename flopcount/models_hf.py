@@ -23,6 +23,7 @@ from typing import Optional
 import torch
 
 from .errors import FlopcountError, ModelSpecError, one_line
+from .hf_checks import check_architecture, check_config, check_source
 
 DEFAULT_SEQ_LEN = 128
 PREFIX = "hf:"
@@ -49,14 +50,16 @@ def _quiet(transformers):
 
 
 def load(source: str, device: str = "cpu") -> torch.nn.Module:
+    check_source(source)  # a missing local path is refused before the hub is asked
     transformers = _transformers()
     with _quiet(transformers):
         try:
             config = transformers.AutoConfig.from_pretrained(source)
         except Exception as exc:
             raise ModelSpecError(f"cannot read the transformers config of {source!r}: {one_line(exc)}") from None
-        arch = (getattr(config, "architectures", None) or [None])[0]
-        cls = getattr(transformers, arch, None) if arch else None
+        check_config(config, source)
+        cls = check_architecture(config, transformers, source)
+        arch = cls.__name__ if cls is not None else None
         try:
             with torch.device(device):
                 if cls is None:

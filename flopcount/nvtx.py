@@ -225,7 +225,7 @@ class _Session:
 
         @functools.wraps(original)
         def backward(*args, **kwargs):
-            mine = self._mine() and self.step is not None
+            mine = not self.closed and self._mine() and self.step is not None
             if mine:
                 self.set_phase("backward")
             try:
@@ -236,6 +236,7 @@ class _Session:
                     if self.phase_name == "backward":
                         self.set_phase(None)
 
+        backward._flopcount_session = self  # lets a later session's close unwind past this one once it is closed
         self._patched = (original, backward)
         torch.autograd.backward = backward
 
@@ -357,7 +358,14 @@ class _Session:
             h.remove()
         self.handles = []
         if self._patched is not None and torch.autograd.backward is self._patched[1]:
-            torch.autograd.backward = self._patched[0]
+            # blocks exited out of order: an earlier-closed session's wrapper may sit below this one; unwind to
+            # the first function that is not a closed session's, so nothing stays patched once all are closed
+            restored = self._patched[0]
+            while getattr(getattr(restored, "_flopcount_session", None), "closed", False):
+                restored = restored._flopcount_session._patched_original
+            torch.autograd.backward = restored
+        if self._patched is not None:
+            self._patched_original = self._patched[0]  # a closed wrapper left in place passes calls through
         self._patched = None
         if self.step is not None:
             self.close_step()
@@ -375,6 +383,12 @@ class annotate:
     """
 
     def __init__(self, model: Optional[torch.nn.Module] = None, *, domain="flopcount", first_step: int = 0):
+        from .api_checks import check_domain, check_int, check_model
+
+        if model is not None:
+            check_model(model, "annotate's model")
+        check_domain(domain)
+        check_int("first_step", first_step, 0)
         self.model = model
         self.domain_spec = domain
         self.steps = first_step

@@ -282,8 +282,11 @@ def _ancestors(path: str) -> list:
 
 def atomic_write(path: str, data) -> None:
     """Write ``data`` (text or bytes) to ``path`` so that a reader never sees half a file and a crash loses nothing
-    old. The file is replaced, never written through: a symlink at ``path`` is replaced, not followed."""
-    path = os.fspath(path)
+    old. The file is replaced, never written through: a symlink at ``path`` is replaced, not followed; anything but a
+    regular file, a symlink or a new path is refused (``outputs.check_output``)."""
+    from .outputs import check_output
+
+    path = check_output(path)  # a device node or a pipe would be replaced by the rename
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))

@@ -15,6 +15,7 @@ from typing import Callable, Iterator, List, Optional, Tuple
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
+from .api_checks import check_loss
 from .errors import FlopcountError, UtilizationError
 
 
@@ -325,6 +326,7 @@ def train_step_fn(model, *, loss: Callable, optimizer=None) -> Callable:
     def run(inputs):
         out = call_model(model, inputs)
         value = loss(out)
+        check_loss(value)
         value.backward()
         if optimizer is not None:
             optimizer.step()

@@ -21,8 +21,9 @@ from typing import Dict, List, Optional
 import torch
 
 from . import devices, distributed, step as steps_
+from .api_checks import check_int, check_model, check_optimizer
 from .dtypes import dtype_name, parse_dtype
-from .errors import UtilizationError
+from .errors import UtilizationError, model_errors
 from .report import FlopReport
 from .timing import Measurement, oom_as_error, time_epoch, time_step
 
@@ -164,6 +165,7 @@ def utilization(model, batch, *, device=None, dtype=None, steps: int = 5, warmup
     """
     if scope not in SCOPES:
         raise UtilizationError(f"unknown scope {scope!r}; use one of {', '.join(SCOPES)}")
+    check_int("steps", steps, 1)
     setup = _prepare(model, device=device, dtype=dtype, autocast=autocast, optimizer=optimizer, loss_fn=loss_fn,
                      peak=peak, device_spec=device_spec, model_name=model_name, input_shape=input_shape,
                      seq_len=seq_len, warmup=warmup, clock=clock, cuda=cuda)
@@ -216,8 +218,14 @@ def _with_input(u: Utilization, described: Dict[str, str]) -> Utilization:
 
 def _prepare(model, *, device, dtype, autocast, optimizer, **rest) -> _Setup:
     """Move and convert the model, and settle what every step shares."""
+    check_model(model)
+    check_optimizer(optimizer)
+    check_int("warmup", rest["warmup"], 0)
     dtype, autocast = parse_dtype(dtype), parse_dtype(autocast)
     inner = steps_.unwrap(model)
+    if optimizer is None and not any(p.requires_grad for p in inner.parameters()):
+        raise UtilizationError(f"{type(inner).__name__} has no trainable parameters: utilization times a training "
+                               "step, which would update nothing")
     here = steps_.model_device(inner)
     if here.type == "meta":
         raise UtilizationError("the model is on the meta device; build it on the device to time it on")
@@ -344,4 +352,5 @@ def from_spec(spec: str, batch, *, device: str = "cpu", num_classes=None, **opti
         if dtype is not None:
             model = model.to(dtype)  # before DDP wraps it; the inputs follow through dtype= below
         model = distributed.wrap_ddp(model, device)
-        return utilization(model, batch, device=device, dtype=dtype, model_name=name, **options), rank
+        with model_errors(name):  # the model's own failure names the model, never flopcount
+            return utilization(model, batch, device=device, dtype=dtype, model_name=name, **options), rank

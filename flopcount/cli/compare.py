@@ -4,14 +4,15 @@ from __future__ import annotations
 import os
 import sys
 
-from .main import EXIT_OK, add_format, add_model, print_json, warn
+from .main import EXIT_OK, add_format, add_model, output_file, print_json, warn
 
 
 def add(sub) -> None:
     p = sub.add_parser("compare", help="FLOPs by several estimators, op x estimator, differences explained")
     add_model(p, tokens=True)
     p.add_argument("--estimators", default="all", help="all, or a comma-separated list (dispatch is always included)")
-    p.add_argument("--plot", default=None, metavar="OUT.png", help="also write a bar chart of the totals")
+    p.add_argument("--plot", default=None, metavar="OUT.png", type=output_file,
+                   help="also write a bar chart of the totals")
     add_format(p)
 
 

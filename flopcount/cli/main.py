@@ -17,12 +17,13 @@ import importlib
 import json
 import os
 import sys
+import threading
 from typing import Optional
 
 from ..errors import FlopcountError, one_line
 
 FORMATS = ("table", "csv", "json")
-EXIT_OK, EXIT_CHECK_FAILED, EXIT_ERROR = 0, 1, 2
+EXIT_OK, EXIT_CHECK_FAILED, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
 # command -> module of this package that holds it (several small commands share a module)
 COMMANDS = {
     "count": "count", "compare": "compare", "utilization": "utilization", "peaks": "utilization",
@@ -63,8 +64,22 @@ def print_frame(frame, fmt: str, title: str = "", cols=None) -> None:
 
 
 def print_json(doc) -> None:
-    json.dump(doc, sys.stdout, indent=2, default=str)
+    """One strict JSON document: a figure that is not a number (a rate over 0 s) is null, never a bare NaN that
+    strict parsers reject."""
+    json.dump(_finite(doc), sys.stdout, indent=2, default=str, allow_nan=False)
     sys.stdout.write("\n")
+
+
+def _finite(value):
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    if isinstance(value, float) or type(value).__module__ == "numpy" and hasattr(value, "dtype") \
+            and value.dtype.kind == "f":
+        value = float(value)
+        return value if value == value and value not in (float("inf"), float("-inf")) else None
+    return value
 
 
 def records(frame) -> list:
@@ -109,6 +124,17 @@ def fraction(text: str) -> float:
     if not 0 < value < 1:
         raise argparse.ArgumentTypeError(f"must be a number between 0 and 1, not {text!r}")
     return value
+
+
+def output_file(text: str) -> str:
+    """An output path (``--plot``): refused before any work where it is a device, a pipe or a directory."""
+    from ..errors import OutputError
+    from ..outputs import check_output
+
+    try:
+        return check_output(text, "a figure")
+    except OutputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _number(text: str, cast):
@@ -163,6 +189,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    from .streams import ForgivingStream, one_line_warnings, stdout_closed
+
+    saved_stderr = sys.stderr
+    sys.stderr = ForgivingStream(sys.stderr) if sys.stderr is not None else ForgivingStream(open(os.devnull, "w"))
+    try:
+        if stdout_closed():
+            print("flopcount: error: standard output is closed; give the command somewhere to write", file=sys.stderr)
+            return EXIT_ERROR
+        with one_line_warnings():
+            return _main(argv)
+    except KeyboardInterrupt:  # a second Ctrl-C while the first one was being handled
+        return _interrupted(argv)
+    finally:
+        sys.stderr.flush()
+        sys.stderr = saved_stderr
+
+
+def _main(argv) -> int:
     try:
         args = build_parser().parse_args(argv)
         code = importlib.import_module(f"{__package__}.{COMMANDS[args.command]}").run(args)
@@ -179,14 +223,24 @@ def main(argv=None) -> int:
         print(f"flopcount: error: cannot write the output: {exc.strerror or one_line(exc)}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
-        print("flopcount: interrupted", file=sys.stderr)
-        return 130
+        return _interrupted(argv)
     except Exception as exc:
         if os.environ.get("FLOPCOUNT_DEBUG"):
             raise
         print(f"flopcount: internal error: {one_line(exc)} (a bug in flopcount, not in your input; "
               "FLOPCOUNT_DEBUG=1 shows the traceback)", file=sys.stderr)
         return EXIT_ERROR
+
+
+def _interrupted(argv) -> int:
+    print("flopcount: interrupted", file=sys.stderr)
+    if argv is None and threading.active_count() > 1:
+        # the program itself (not a caller of main): a reader thread still inside SQLite would hold the exit until
+        # its query ends, and an interrupt at that point would end the process without a word
+        sys.stderr.flush()
+        _drop_stdout()
+        os._exit(EXIT_INTERRUPTED)
+    return EXIT_INTERRUPTED
 
 
 def _drop_stdout() -> None:

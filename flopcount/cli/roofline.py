@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 
 from ..dtypes import CHOICES as DTYPES
-from .main import (EXIT_OK, add_format, add_model, add_top, fraction, natural_float, natural_int, positive_float,
-                   positive_int, print_frame, print_json, records, warn)
+from .main import (EXIT_OK, add_format, add_model, add_top, fraction, natural_float, natural_int, output_file,
+                   positive_float, positive_int, print_frame, print_json, records, warn)
 
 
 def add(sub) -> None:
@@ -20,7 +20,8 @@ def add(sub) -> None:
     p.add_argument("--by", choices=("family", "op", "module", "phase"), default="family", help="table grouping")
     p.add_argument("--measured", type=positive_float, default=None, metavar="SECONDS",
                    help="a measured step time: the share the roofline does not explain (overhead, inefficiency)")
-    p.add_argument("--plot", default=None, metavar="OUT.png", help="write a log-log roofline plot of the ops")
+    p.add_argument("--plot", default=None, metavar="OUT.png", type=output_file,
+                   help="write a log-log roofline plot of the ops")
     add_top(p)
     add_format(p)
 

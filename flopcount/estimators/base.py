@@ -163,8 +163,11 @@ def make_request(model, inputs, *, backward: bool = True, loss_fn: Optional[Call
     if unknown:
         raise EstimatorError(f"unknown option(s) {', '.join(sorted(unknown))}; the step's options are "
                              f"{', '.join(_OPTIONS)}")
+    from ..api_checks import check_model, check_optimizer
     from ..step import unwrap
 
+    check_model(model)
+    check_optimizer(optimizer)
     phases = ("forward",) + (("backward",) if backward else ()) + (("optimizer",) if optimizer is not None else ())
     # a compiled or DDP-wrapped model is counted through its plain module: the same parameters, its own names
     return Request(model=unwrap(model), inputs=inputs, phases=phases, loss_fn=loss_fn, optimizer=optimizer,
@@ -185,6 +188,10 @@ def check(estimator, request: Request) -> None:
     runs_on = ", ".join(caps.devices)
     if request.device is not None and device_type(request.device) not in caps.devices:
         raise EstimatorError(f"{name} cannot run on device {request.device!r}; it runs on {runs_on}")
+    if request.device is not None and device_type(request.device) != "meta" \
+            and _weights_device(request.model) == "meta":
+        raise EstimatorError(f"the model's weights are on meta, so the step cannot run on {request.device!r}: count "
+                             "it on meta (device='meta', the default), or build the model on that device")
     if caps.real_weights:
         weights = _weights_device(request.model)
         if weights == "meta":

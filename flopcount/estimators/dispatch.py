@@ -30,6 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import formulas
 from ..errors import reason
+from ..api_checks import check_loss
 from ..progress import tick
 from ..step import (batch_size_of, call_model, default_loss, module_stack, preserved, random_on,
                     rebuild_optimizer)
@@ -40,6 +41,10 @@ from .kernels import call_simulated, kernels_as
 from .known_values import known_values, note as note_values
 from .stand_ins import StandIns, autocast_device, stand_ins
 
+# matrix products and convolutions whose real kernels require one dtype for every operand (below autocast, which
+# has already cast them where it is on)
+_SAME_DTYPE = frozenset(getattr(torch.ops.aten, n) for n in ("mm", "addmm", "bmm", "baddbmm", "addmv", "mv", "dot",
+                                                                "convolution"))
 _get_sequence_nr = torch._C._autograd._get_sequence_nr
 _current_node = torch._C._current_autograd_node
 _NO_SEQUENCE = 2**64 - 1  # AccumulateGrad nodes carry no sequence number
@@ -179,6 +184,12 @@ class _Counter(TorchDispatchMode):
         info = self._ops.get(func)
         if info is None:
             info = self._ops[func] = _OpInfo(func)
+        if self.simulated and func.overloadpacket in _SAME_DTYPE:
+            kinds = {a.dtype for a in args if isinstance(a, torch.Tensor)}
+            if len(kinds) > 1:  # the CPU and CUDA kernels refuse this; the meta kernels let it through
+                raise RuntimeError(f"{info.name}: operands of different dtypes "
+                                   f"({', '.join(sorted(str(k).replace('torch.', '') for k in kinds))}); a real run "
+                                   "refuses them (convert the input to the model's dtype, or use autocast)")
         try:
             out = call_simulated(func, args, kwargs) if self.simulated else func(*args, **kwargs)
         except Exception:
@@ -290,6 +301,7 @@ def _run(model, inputs, *, backward, loss_fn, device, optimizer, as_device, opti
         output = call_model(model, inputs)
         if backward:
             loss = (loss_fn or default_loss)(output)
+            check_loss(loss, "loss_fn" if loss_fn is not None else "the default loss")
             counter.claim()  # the loss's nodes belong to the root
             counter.phase = "backward"
             if isinstance(loss, torch.Tensor) and loss.requires_grad:

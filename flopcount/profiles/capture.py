@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import FlopcountError, one_line
+from ..errors import FlopcountError, model_errors, one_line
+from .quiet import quiet_profiler
 
 # The child's own error line, told apart from what nsys prints around it.
 _CHILD_ERROR = "flopcount-capture-error: "
@@ -40,6 +41,10 @@ def capture(model: str, batch: int, out: str = "run", input_shape=None, num_clas
     (``out``.sqlite)."""
     if int(steps) < 1:
         raise CaptureError(f"steps must be a positive integer, not {steps}")
+    from ..outputs import check_output
+
+    for suffix in (".nsys-rep", ".sqlite"):  # nsys writes both in place of whatever is there
+        check_output(f"{out}{suffix}", "a capture")
     nsys = shutil.which("nsys")
     if nsys is None:
         raise CaptureError("nsys (Nsight Systems) is not on PATH; install it or profile on a machine that has it")
@@ -74,24 +79,33 @@ def capture_kineto(model: str, batch: int, out: str = "run", input_shape=None, n
     """Record one training step of ``model`` with torch.profiler (``record_shapes=True``) after one warm-up step,
     on the GPU where there is one (kernels and their launches), else the CPU; write ``out``.json.gz and return
     its path. Runs in this process: torch.profiler needs no outside tool."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from ..outputs import check_output
+
+    path = check_output(out if out.endswith((".json", ".json.gz")) else f"{out}.json.gz", "a trace")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    step = training_step(model, batch, device=device, input_shape=input_shape, num_classes=num_classes)
+    with model_errors(model, step.inputs):  # the model's own failure names the model, never flopcount
+        step()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    sync()
+    with quiet_profiler():
+        with profile(activities=activities, record_shapes=True) as prof, model_errors(model, step.inputs):
+            step()
+            sync()
+        _write_trace(prof, path)
+    return path
+
+
+def _write_trace(prof, path: str) -> None:
     import gzip
     import os
     import shutil as _shutil
     import tempfile
 
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    step = training_step(model, batch, device=device, input_shape=input_shape, num_classes=num_classes)
-    step()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    sync()
-    with profile(activities=activities, record_shapes=True) as prof:
-        step()
-        sync()
-    path = out if out.endswith((".json", ".json.gz")) else f"{out}.json.gz"
     folder = os.path.dirname(os.path.abspath(path))
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
         raw = os.path.join(tmp, "trace.json")
@@ -101,7 +115,6 @@ def capture_kineto(model: str, batch: int, out: str = "run", input_shape=None, n
                 _shutil.copyfileobj(src, dst)
             raw += ".gz"
         os.replace(raw, path)
-    return path
 
 
 def training_step(model_spec: str, batch: int, *, device="cuda", input_shape=None, num_classes=None):

@@ -32,8 +32,9 @@ import zlib
 import numpy as np
 import pandas as pd
 
-from . import files
+from . import files, markers, sanity
 from .files import ProfileError
+from .launches import LaunchIndex
 from .nsys import Profile, sort_ranges
 
 RANGE_CATS = {"cpu_op", "user_annotation"}
@@ -148,6 +149,7 @@ def _load(path: str) -> Profile:
         skipped[why] = skipped.get(why, 0) + 1
 
     rows, launches, device = [], [], []
+    saw_device = False
     threads: dict = {}
     # a trace repeats a few thousand distinct calls (one layer's op, step after step): each is parsed once, keyed
     # by the repr of what was recorded (made in C, far cheaper than the parse)
@@ -161,6 +163,7 @@ def _load(path: str) -> Profile:
         args = e.get("args")
         if type(args) is not dict:
             args = {}
+        saw_device = saw_device or cat in DEVICE_CATS  # even if its times are unusable: not a CPU-only trace
         try:
             ts, dur = e.get("ts"), e.get("dur")
             if type(ts) is float and type(dur) is float:  # _ns, inline: every event pays it
@@ -187,7 +190,7 @@ def _load(path: str) -> Profile:
             ok = type(corr) is int and 0 <= corr < 1 << 62
             name = e.get("name", "")
             gpu, stream = args.get("device", -1), args.get("stream", -1)
-            device.append((start, start + max(dur, 0), corr if ok else -1,
+            device.append((start, start + dur, corr if ok else -1,  # a negative dur is the screening's to drop
                            name[:4096] if type(name) is str else str(name)[:4096],
                            gpu if type(gpu) is int else -1, stream if type(stream) is int else -1))
             continue
@@ -204,7 +207,9 @@ def _load(path: str) -> Profile:
         fwd_tid = fwd_tid if type(fwd_tid) is int and -(1 << 62) < fwd_tid < 1 << 62 else 0
         sizes = None
         dims = args.get("Input Dims")
-        if type(dims) is list:
+        if dims is not None and type(dims) is not list:
+            skip("op with malformed Input Dims")
+        elif type(dims) is list:
             types, concrete = args.get("Input type"), args.get("Concrete Inputs")
             try:
                 key = repr((dims, types, concrete))
@@ -218,25 +223,35 @@ def _load(path: str) -> Profile:
             if sizes is None:
                 skip("op with malformed Input Dims")
         # half-open: with whole-microsecond times an op that ends as the next begins would seem to enclose it
+        eid = args.get("External id", -1)  # an event's own id: two ops alike in all else are two calls
         rows.append((start, start + max(dur - 1, 0), threads.setdefault(thread, len(threads)), name, seq, fwd_tid,
-                     sizes))
+                     sizes, eid if type(eid) is int and -1 <= eid < 1 << 62 else -1))
     if not rows:
         raise ProfileError(f"{path}: no cpu_op events: record the trace with torch.profiler (CPU activity on)")
-    start, end, tid, name, seq, fwd_tid, sizes = zip(*rows)
+    start, end, tid, name, seq, fwd_tid, sizes, eid = zip(*rows)
     del rows
     ranges = pd.DataFrame({"start": np.array(start, np.int64), "end": np.array(end, np.int64),
                            "tid": np.array(tid, np.int64), "seq": np.array(seq, np.int64),
-                           "fwd_tid": np.array(fwd_tid, np.int64)})
+                           "fwd_tid": np.array(fwd_tid, np.int64), "eid": np.array(eid, np.int64)})
     ranges["seq"] = _keyed_seq(ranges)
     ranges["name"] = pd.Categorical(np.array(name, dtype=object))
     ranges["sizes"] = pd.Categorical(np.array(sizes, dtype=object))
-    ranges = sort_ranges(ranges[["start", "end", "tid", "name", "seq", "sizes"]])
-    kernels = _kernels(device, launches)
+    ranges = sanity.screen_ranges(sort_ranges(ranges[["start", "end", "tid", "name", "seq", "sizes", "eid"]]), skipped,
+                                  "op").drop(columns=["eid"])
+    if ranges.empty:
+        why = "; ".join(f"{n:,} {r}" for r, n in skipped.items())
+        raise ProfileError(f"{path}: no usable cpu_op events (skipped: {why})")
+    kernels = sanity.screen_kernels(_kernels(device, launches, skipped), skipped)
     devices = [str(d.get("name", "")) for d in meta.get("deviceProperties", []) or [] if isinstance(d, dict)]
-    notes = ["no device activity in this trace: each op's time is its own CPU time"] if not device else []
+    notes = ["no device activity in this trace: each op's time is its own CPU time"] if not saw_device else []
+    zero, nodes = sanity.zero_length(ranges, markers.is_backward_node)
+    if zero == len(ranges) and len(ranges) > 1:
+        raise ProfileError(f"{path}: {sanity.ALL_ZERO}")
+    if nodes:
+        notes.append(f"{nodes:,} {sanity.ZERO_NODES}")
     return Profile(path=path, ranges=ranges, kernels=kernels, schema_version=str(meta.get("schemaVersion", "")),
                    product_version="torch.profiler", skipped=skipped, notes=notes, sizes_format="kineto",
-                   cpu_times=not device, devices=devices)
+                   cpu_times=not saw_device, devices=devices)
 
 
 def _keyed_seq(r: pd.DataFrame) -> np.ndarray:
@@ -260,21 +275,18 @@ def _keyed_seq(r: pd.DataFrame) -> np.ndarray:
     return out
 
 
-def _kernels(device, launches) -> pd.DataFrame:
+def _kernels(device, launches, skipped) -> pd.DataFrame:
     """Device activity with the thread (its code) and time of the launch of the same correlation id (the first)."""
     start, end, corr, name, gpu, stream = (list(c) for c in zip(*device)) if device else ([],) * 6
     k = pd.DataFrame({"start": np.array(start, np.int64), "end": np.array(end, np.int64),
                       "corr": np.array(corr, np.int64), "device": np.array(gpu, np.int64),
                       "stream": np.array(stream, np.int64)})
     if launches:
-        lc, lt, ls = (np.array(c, np.int64) for c in zip(*launches))
-        keys = pd.Index(lc)
-        first = np.flatnonzero(~keys.duplicated(keep="first"))
-        pos = keys[first].get_indexer(k["corr"].to_numpy())
-        hit = (pos >= 0) & (k["corr"].to_numpy() >= 0)
-        at = first[np.maximum(pos, 0)]
-        k["launch_tid"] = np.where(hit, lt[at], -1)
-        k["launch_start"] = np.where(hit, ls[at], -1)
+        # thread codes are small, so one process: LaunchIndex keys by correlation id alone
+        index = LaunchIndex(*(np.array(c, np.int64) for c in zip(*launches)))
+        tid, at = index.find(k["corr"].to_numpy(), np.zeros(len(k), np.int64))
+        k["launch_tid"], k["launch_start"] = tid, at
+        sanity.count(skipped, sanity.LAUNCH_TWICE, index.repeated)
     else:
         k["launch_tid"] = np.full(len(k), -1, np.int64)
         k["launch_start"] = np.full(len(k), -1, np.int64)

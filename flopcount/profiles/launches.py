@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from .sanity import AMBIGUOUS_LAUNCH, LAUNCH_TWICE
 from .sqlarrow import count, read_table
 
 KERNEL_SQL = ("SELECT start, end, correlationId, globalPid, demangledName, {placed} "
@@ -33,6 +34,7 @@ def read_kernels(uri, path, skipped, strings_of, bound_of=lambda table: 0, place
     if rcols and not rok.all():
         rcols = [c[rok] for c in rcols]
     index = LaunchIndex(*(rcols if rcols else [np.zeros(0, np.int64)] * 3))
+    count(skipped, LAUNCH_TWICE, index.repeated)
     del rcols, rok
 
     def join(cols, ok):
@@ -71,15 +73,16 @@ def dense_codes(values: np.ndarray):
 
 def join_launches(corr, pid, r_corr, r_tid, r_start):
     """(launch_tid, launch_start) per kernel: its runtime call of the same correlationId and process, or -1.
-    ``corr`` and ``pid`` hold -1 where the kernel has none; of two launches with one (process, correlationId),
-    the first."""
+    ``corr`` and ``pid`` hold -1 where the kernel has none; two launches with one (process, correlationId) are one
+    recorded twice where thread and time agree, else the kernel's thread is ``AMBIGUOUS_LAUNCH``."""
     return LaunchIndex(r_corr, r_tid, r_start).find(corr, pid)
 
 
 class LaunchIndex:
     """The launches (runtime calls) of an export, looked up by (process, correlationId): through a table indexed by
-    (process slot, correlation id) wherever the ids are dense enough for one, else through a hash. Of two launches
-    with one key, the first."""
+    (process slot, correlation id) wherever the ids are dense enough for one, else through a hash. Two launches
+    with one key are one launch recorded twice where their thread and time agree (``repeated`` counts them), else
+    the key is ambiguous: its kernels get ``AMBIGUOUS_LAUNCH`` as their thread, and the screening drops them."""
 
     def __init__(self, corr, tid, start):
         self.tid = np.asarray(tid, np.int64)
@@ -87,6 +90,8 @@ class LaunchIndex:
         rc = np.asarray(corr, np.int64)
         rp = self.tid >> 24
         self.table = self.hash = None
+        self.repeated = 0
+        self.ambiguous = None  # per launch row: its key has another launch with another thread or time
         if len(rc):
             self.table = self._table(rp, rc)
             if self.table is None:
@@ -111,7 +116,16 @@ class LaunchIndex:
     def _hash(self, rp, rc):
         self.packed = max(rc.max(), 0) < 1 << 32 and rc.min() >= -1 and rp.max() < 1 << 30 and rp.min() >= -1
         keys = pd.Index((rp << 32) | (rc & 0xFFFFFFFF)) if self.packed else pd.MultiIndex.from_arrays([rp, rc])
-        first = np.flatnonzero(~keys.duplicated(keep="first"))
+        dup = keys.duplicated(keep="first")
+        first = np.flatnonzero(~dup)
+        if dup.any():
+            again = np.flatnonzero(dup)
+            original = first[keys[first].get_indexer(keys[again])]
+            same = (self.tid[again] == self.tid[original]) & (self.start[again] == self.start[original])
+            self.repeated = int(same.sum())
+            if not same.all():
+                self.ambiguous = np.zeros(len(rc), bool)
+                self.ambiguous[original[~same]] = True
         return keys[first], first
 
     def find(self, corr, pid):
@@ -138,4 +152,8 @@ class LaunchIndex:
         safe = np.where(hit, pos, 0)
         if not len(self.tid):
             return np.full(len(kc), -1, np.int64), np.full(len(kc), -1, np.int64)
-        return np.where(hit, self.tid[safe], -1), np.where(hit, self.start[safe], -1)
+        tid, at = np.where(hit, self.tid[safe], -1), np.where(hit, self.start[safe], -1)
+        if self.ambiguous is not None:
+            unsure = hit & self.ambiguous[safe]
+            tid[unsure], at[unsure] = AMBIGUOUS_LAUNCH, -1
+        return tid, at

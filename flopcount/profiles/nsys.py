@@ -13,10 +13,12 @@ Arrow's kernels and numpy release the GIL, so two cores read the file at once. S
 The file is opened read-only. Without a ``-wal`` beside it, with ``immutable=1`` (fixtures may live on read-only
 storage, and a profile is never modified); with one, without it, so that SQLite reads the rows committed in the
 WAL, and where that open fails (a read-only folder with no ``-shm``) the file is read without them and a note
-says so.
+says so. A hot rollback journal beside it (a writer killed mid-transaction) is refused: a read-only open cannot
+roll it back, and the pages would be read half old, half new.
 
 Malformed values (a NULL or non-integer time or thread, an end before its start or equal to it, a marker text
-over 1 MiB or not text at all) are skipped and counted in ``Profile.skipped``, which the analysis reports.
+over 1 MiB, empty or not text at all) are skipped and counted in ``Profile.skipped``, which the analysis reports;
+then ``sanity.screen_*`` drops impossible times and merges rows recorded twice, counted the same way.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from urllib.parse import quote
 import numpy as np
 import pandas as pd
 
-from . import arrowsplit, files
+from . import arrowsplit, files, sanity
 from .files import ProfileError
 from .launches import read_kernels
 from .sqlarrow import Growing, arrow, as_text, batches, count, ints, row_bound
@@ -82,6 +84,7 @@ def _open(path: str):
     files.check_path(path)
     if files.head(path) != b"SQLite format 3\x00":
         raise ProfileError(f"{path}: not an SQLite file (export the report with: nsys export --type sqlite)")
+    _refuse_hot_journal(path)
     notes = []
     wal = path + "-wal"
     tries = [False, True] if os.path.isfile(wal) and os.path.getsize(wal) > 0 else [True]
@@ -101,6 +104,24 @@ def _open(path: str):
             continue
         return con, uri, notes
     raise ProfileError(f"{path}: unreadable SQLite file")  # not reached: the immutable open raises
+
+
+_JOURNAL_MAGIC = bytes.fromhex("d9d505f920a163d7")
+
+
+def _refuse_hot_journal(path: str) -> None:
+    """A rollback journal that still holds its header is a transaction its writer never finished (it was killed
+    mid-write): the file's pages are then partly new and partly old, and a read-only open cannot roll them back."""
+    journal = path + "-journal"
+    try:
+        with open(journal, "rb") as fh:
+            hot = fh.read(8) == _JOURNAL_MAGIC
+    except OSError:
+        return
+    if hot:
+        raise ProfileError(f"{path}: a rollback journal beside it ({os.path.basename(journal)}) holds a transaction "
+                           "its writer never finished; open the file once with sqlite3 (which rolls it back) or "
+                           "export the profile again")
 
 
 def _connect(path: str) -> sqlite3.Connection:
@@ -177,6 +198,11 @@ def _range_batch(b):
     count(skipped, "range with end == start (a zero-length range cannot enclose anything)", (keep & (e == s)).sum())
     count(skipped, "range with end before start", (keep & (e < s)).sum())
     keep &= e > s
+    if len(txt):
+        empty = pc.fill_null(pc.equal(pc.binary_length(txt), 0), True).to_numpy(zero_copy_only=False)
+        count(skipped, "range with no text (NULL or empty): it names no op, so the op it marked is not counted",
+              (keep & empty).sum())
+        keep &= ~empty
     if not keep.all():
         s, e, tid = s[keep], e[keep], tid[keep]
         txt = pc.filter(txt, pa.array(keep))
@@ -192,7 +218,7 @@ def _read_ranges(uri, path, con, push, skipped, where: str = "1"):
     text = "COALESCE(n.text, s.value)" if {"text", "textId"} <= cols else ("n.text" if "text" in cols else "s.value")
     join = "LEFT JOIN StringIds s ON s.id = n.textId" if "textId" in cols else ""
     sql = (f"SELECT n.start, n.end, n.globalTid, COALESCE({text}, '') FROM NVTX_EVENTS n {join} "
-           f"WHERE n.eventType IN ({','.join(map(str, push))}) AND n.end IS NOT NULL AND ({where})")
+           f"WHERE n.eventType IN ({','.join(map(str, push))}) AND ({where})")
     out = Growing([np.int64, np.int64, np.int64, np.int32, np.int32, np.int32],
                   row_bound(uri, "NVTX_EVENTS", os.path.getsize(path)))
     names, sizes = arrowsplit.Dictionary(), arrowsplit.Dictionary()
@@ -305,6 +331,8 @@ def load(path) -> Profile:
             kernels, n_start_end = kfuture.result()
         for reason, n in kskipped.items():
             count(skipped, reason, n)
+        ranges = sanity.screen_ranges(ranges, skipped)
+        kernels = sanity.screen_kernels(kernels, skipped)
         if ranges.empty and not n_annotation:
             why = "; ".join(f"{n:,} {r}" for r, n in skipped.items())
             raise ProfileError(f"{path}: NVTX_EVENTS holds no usable push/pop ranges" +

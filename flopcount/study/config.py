@@ -65,6 +65,18 @@ class StudyConfig:
                 peak = math.nan
             if not (math.isfinite(peak) and peak > 0):
                 raise StudyError(f"peak must be a positive number of FLOP/s (like 9.3e12), not {self.peak!r}")
+            from ..devices import MIN_PEAK
+
+            if peak < MIN_PEAK:
+                raise StudyError(f"peak {peak:g} FLOP/s is below any device that runs PyTorch (at least "
+                                 f"{MIN_PEAK:g}); give it in FLOP/s, like 9.3e12")
+        if self.estimators is not None:
+            from ..estimators import available
+
+            known = list(available()) + list(NVTX_METHODS)
+            bad = [e for e in self.estimators if e not in known]
+            if bad:  # before any model runs: a name that counts nothing would only show as an empty column
+                raise StudyError(f"unknown estimator(s) {', '.join(map(str, bad))}; choose from {', '.join(known)}")
         epoch = None if self.epoch_batch_sizes is None else tuple(int(b) for b in self.epoch_batch_sizes)
         if epoch is not None and not set(epoch) <= set(sizes):
             epoch = tuple(b for b in epoch if b in sizes) or (max(sizes),)  # follow a --batch-sizes override
