@@ -37,6 +37,7 @@ def run(args) -> int:
     from .. import count, eval_mode_note, get_estimator
     from ..errors import FlopcountError, model_errors
     from ..models import build
+    from ..models_hf import is_hf
     from ..scaling import check_scaling
 
     if args.by is None:
@@ -58,6 +59,8 @@ def run(args) -> int:
                                        estimator=args.estimator, backward=not args.no_backward, seq_len=args.seq_len,
                                        device=args.device, **options)
     report.model = name
+    if is_hf(model):  # the head built decides what is counted (an LM head and its loss, or none): say which
+        report.meta["model_class"] = type(model).__name__
     note = eval_mode_note(model)
     if note and args.format == "csv":  # the table and the JSON document carry it in their notes
         warn(note)
@@ -93,7 +96,8 @@ def count_table(report, by: str, *, depth=None, top=None, width=None, color=None
     phases = [p for p in ("forward", "backward", "optimizer") if p in report.phases]
     grand = report.total()
     title = [R.headline(report.model or "model", batch=report.batch_size, estimator=report.estimator,
-                        device=report.meta.get("device"), phases=",".join(report.phases))]
+                        device=report.meta.get("device"), phases=",".join(report.phases),
+                        **{"class": report.meta.get("model_class")})]
     notes = [f"note: {n}" for n in report.notes]
     notes.append(LEGEND)
     if by == "phase":
