@@ -2,7 +2,9 @@
 
 Only the configuration is read (``AutoConfig``): a local directory with a ``config.json`` works offline, a hub ID
 needs whatever network access the user has. Weights are never loaded: the model is built with ``from_config``, its
-head chosen from the configuration's ``architectures`` (the base model where there is none).
+head chosen from the configuration's ``architectures``; where there is none, a decoder-only language model gets its
+causal-LM head (``AutoModelForCausalLM``: a training step has its output projection and loss) and any other model is
+the base model. ``flopcount count`` names the class built in its header.
 
 The batch (``--seq-len N``): ``input_ids`` of (batch, N) drawn within the vocabulary, and the labels the model's own
 loss takes, so that the model returns its loss and the step's loss is that one: the token ids themselves for a
@@ -63,7 +65,7 @@ def load(source: str, device: str = "cpu") -> torch.nn.Module:
         try:
             with torch.device(device):
                 if cls is None:
-                    model = transformers.AutoModel.from_config(config)
+                    model = _auto_class(transformers, config).from_config(config)
                 else:
                     model = cls._from_config(config)
         except Exception as exc:
@@ -73,6 +75,24 @@ def load(source: str, device: str = "cpu") -> torch.nn.Module:
         except Exception:
             pass
     return model
+
+
+def decoder_only(transformers, config) -> bool:
+    """Whether a config names a decoder-only language model: its model type has a causal-LM head, and it is neither
+    an encoder-decoder nor an encoder that also offers one (BERT and RoBERTa have a causal-LM head too, but are
+    masked language models unless the config says ``is_decoder``)."""
+    from transformers.models.auto import modeling_auto
+
+    kind = getattr(config, "model_type", None)
+    if getattr(config, "is_encoder_decoder", False) or kind not in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return False
+    return kind not in modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES or bool(getattr(config, "is_decoder", False))
+
+
+def _auto_class(transformers, config):
+    """The class a config without ``architectures`` is built as: a decoder with its causal-LM head (its loss and
+    output projection are part of a training step), anything else as the base model."""
+    return transformers.AutoModelForCausalLM if decoder_only(transformers, config) else transformers.AutoModel
 
 
 def is_hf(model) -> bool:

@@ -253,6 +253,25 @@ def preserved(model: torch.nn.Module) -> Iterator[None]:
 _MISSING = object()
 
 
+COUNT_SEED = 0
+
+
+@contextmanager
+def seeded(device: str = "cpu", seed: int = COUNT_SEED) -> Iterator[None]:
+    """Run a count on a fixed random stream, and give the caller's back untouched. A training step may draw
+    random numbers that decide how much work it does (a detector samples its proposals and keypoints), so an
+    unseeded count would change from run to run; seeding the caller's global generator instead would change
+    what the caller draws next. The CPU's generator is forked, and a CUDA device's when the count runs there."""
+    devices = []
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        devices = [torch.device(device).index or 0]
+    with torch.random.fork_rng(devices=devices):
+        torch.random.default_generator.manual_seed(seed)
+        for index in devices:
+            torch.cuda.default_generators[index].manual_seed(seed)
+        yield
+
+
 # --- loss and optimizer ---------------------------------------------------------------------------------------------
 def default_loss(output, target=None):
     """The loss of a step when none is given: the model's own loss where its output carries one (``output.loss``,

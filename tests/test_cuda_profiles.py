@@ -131,3 +131,32 @@ def test_layouts_come_from_the_schemas():
         cuda_style.call("aten::native_dropout", no_such_argument=1)
     with pytest.raises(ValueError):
         cuda_style.cuda_style([], attention="math")
+
+
+MI250 = Path(__file__).parent / "fixtures" / "kineto" / "mi250_minitoy_train.json.gz"
+
+
+@pytest.mark.skipif(not MI250.exists(), reason="Kineto fixtures missing (tests/fixtures/kineto)")
+def test_the_cuda_style_profile_of_a_step_equals_a_real_gpu_recording_of_it(tmp_path):
+    """One side held to a real recording: the MI250 fixture is one training step of Linear(128, 128), ReLU and an
+    MSE loss on 5 samples, recorded on the GPU. The same step, recorded on the CPU and rewritten by cuda_style,
+    must have the same ops with the same FLOPs and calls. (The recorded step accumulated into gradients that
+    already existed, AccumulateGrad's add_, and took an optimizer step; the generated one starts without
+    gradients and stops after backward, so those rows are the recording's alone.)"""
+    import torch.nn.functional as F
+
+    from flopcount.profiles import kineto
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(128, 128), torch.nn.ReLU())
+    x, target = torch.randn(5, 128), torch.randn(5, 128)
+    path = gen.generate(model, x, str(tmp_path / "toy.sqlite"), loss_fn=lambda out: F.mse_loss(out, target),
+                        cuda="efficient")
+    key = ["op", "phase"]
+    generated = analyze(path).report.frame
+    recorded = kineto.analyze(MI250).report.frame
+    recorded = recorded[(recorded.phase != "optimizer") & (recorded.op != "aten.add_")]
+    work = lambda f: f[f.flops > 0].groupby(key)[["flops", "calls"]].sum()  # noqa: E731
+    assert work(generated).equals(work(recorded)), (work(generated), work(recorded))
+    # and the recording's totals are the hand count of test_gpuprof: addmm 164,480, relu 640, mse 1,920
+    assert int(work(recorded).loc[("aten.addmm", "forward"), "flops"]) == 2 * 5 * 128 * 128 + 5 * 128

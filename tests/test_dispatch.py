@@ -64,10 +64,19 @@ def test_meta_and_real_cpu_counts_agree():
     key = ["module", "op", "phase"]
     meta = count_step(model, x, device="meta").frame.groupby(key)[["flops", "calls"]].sum()
     real = count_step(model, x, device="cpu").frame.groupby(key)[["flops", "calls"]].sum()
-    both = meta.merge(real, left_index=True, right_index=True, suffixes=("_meta", "_cpu"))
-    # the same ops with the same FLOPs (a real run may add bookkeeping ops, never FLOPs)
-    assert (both["flops_meta"] == both["flops_cpu"]).all(), both
-    assert meta["flops"].sum() == real["flops"].sum() > 0
+    # every op that does floating-point work, on both sides, with the same FLOPs and calls (a real run may add
+    # bookkeeping ops, never FLOPs)
+    work_meta, work_real = meta[meta["flops"] > 0], real[real["flops"] > 0]
+    assert work_meta.equals(work_real), (work_meta, work_real)
+    # and the FLOPs are the ones worked out by hand: 4 x 8 x 16 x 16 = 8192 output elements
+    flops = work_meta["flops"]
+    conv = 2 * 4 * 256 * (8 * 3 * 9) + 8192  # 2 per multiply-add of the 3x3x3 filters + 1 per output for the bias
+    assert flops[("0", "aten.convolution", "forward")] == conv == 450_560
+    assert flops[("0", "aten.convolution_backward", "backward")] == conv  # weight and bias gradients, no input's
+    assert flops[("1", "aten.native_batch_norm", "forward")] == 5 * 8192  # training statistics and normalise
+    assert flops[("1", "aten.native_batch_norm_backward", "backward")] == 7 * 8192
+    assert flops[("2", "aten.relu", "forward")] == flops[("2", "aten.threshold_backward", "backward")] == 8192
+    assert flops[("5", "aten.addmm", "forward")] == 2 * 4 * 8 * 5 + 4 * 5
 
 
 def test_optimizer_step_is_its_own_phase():
@@ -184,3 +193,22 @@ def test_custom_autograd_function_backward_belongs_to_its_module():
     r = flopcount.count(model, torch.randn(3, 4))
     bwd = r.frame[(r.frame["phase"] == "backward") & (r.frame["op"] == "aten.mul")]
     assert set(bwd["module"]) == {"1"} and int(bwd["calls"].sum()) == 2  # 2 * x, then * grad
+
+
+def test_work_under_a_parameters_accumulate_grad_node_goes_to_that_parameters_module():
+    # A hook on a parameter runs in the autograd node that accumulates its gradient (AccumulateGrad, which has no
+    # sequence number): scaling the weight's gradient, 4 x 8 = 32 multiplies, is the work of module "lin"
+    class GradScaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 4)
+
+        def forward(self, x):
+            if self.lin.weight.requires_grad:
+                self.lin.weight.register_hook(lambda g: g * 0.5)
+            return self.lin(x)
+
+    r = count_step(GradScaled(), torch.randn(2, 8), loss_fn=lambda out: out.sum())
+    f = r.frame
+    scale = f[(f.phase == "backward") & (f.op == "aten.mul")]
+    assert scale.groupby("module")["flops"].sum().to_dict() == {"lin": 32}

@@ -144,3 +144,40 @@ def test_as_cuda_from_the_cli_takes_the_cuda_attention_kernel(capsys):
     ops = {row["op"] for row in doc["ops"]}
     assert "aten._scaled_dot_product_efficient_attention" in ops and doc["as"] == "cuda"
     assert not any("for_cpu" in op for op in ops)
+
+
+def _without_architectures(tmp_path, name, **changes):
+    """A copy of a fixture's config.json with no ``architectures`` entry (a minimal config, or one written by
+    ``GPT2Config(...).save_pretrained``)."""
+    with open(os.path.join(FIXTURES, name, "config.json")) as fh:
+        config = json.load(fh)
+    config.pop("architectures", None)
+    config.update(changes)
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    return "hf:" + str(folder)
+
+
+def test_a_decoder_config_without_architectures_gets_its_causal_lm_head(tmp_path, capsys):
+    # gpt2-tiny (d 64, inner 256, vocab 512, 2 layers) at 32 tokens, by hand: per layer the linear weights
+    # 64x192 + 64x64 + 64x256 + 256x64 = 49152 and biases 192 + 64 + 256 + 64 = 576; the LM head 64 x 512 = 32768
+    # (tied to the embedding, no bias). Forward matmuls 2 x 32 x (2 x 49152 + 32768) + 32 x 2 x 576 = 8,425,472;
+    # without the head (the base model) it would be 6,328,320
+    args = ["count", _without_architectures(tmp_path, "gpt2-tiny"), "--seq-len", "32", "--format", "json"]
+    assert main(args) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["model_class"] == "GPT2LMHeadModel"
+    matmuls = sum(row["flops"] for row in doc["ops"] if row["family"] == "matmul" and row["phase"] == "forward")
+    assert matmuls == 8_425_472
+    assert main(args[:-2] + ["--by", "phase"]) == 0
+    assert "class=GPT2LMHeadModel" in capsys.readouterr().out.splitlines()[0]
+
+
+def test_an_encoder_config_without_architectures_stays_the_base_model(tmp_path, capsys):
+    # BERT has a causal-LM head in transformers too, but it is a masked language model: the base model is built
+    assert main(["count", _without_architectures(tmp_path, "bert-tiny"), "--seq-len", "16", "--by", "phase"]) == 0
+    assert "class=BertModel" in capsys.readouterr().out.splitlines()[0]
+    # an encoder-decoder without architectures: its base model (no causal-LM head of its own)
+    model, _, _ = build(_without_architectures(tmp_path, "t5-tiny"), seq_len=8)
+    assert type(model).__name__ == "T5Model"

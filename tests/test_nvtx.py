@@ -234,13 +234,33 @@ def test_deduplicated_equals_dispatch(generated, name):
     assert a.kernels_unlaunched == 2  # the generator's two kernels without a launch
 
 
-def test_naive_report_and_cli(generated, capsys):
+def test_naive_report_and_cli(generated, capsys, tmp_path):
     path, dispatch = generated["resnet18"]
     naive = analyze(path, naive=True).report
     assert naive.total() > dispatch.total("forward") + dispatch.total("backward")
-    assert cli(["nsys", path, "--naive", "--format", "json"]) == 0
+    # by hand, on a step small enough to count: Linear(12, 5) on 4 samples, cross-entropy against class 0.
+    # Once per op: addmm 2*4*12*5 + 20 = 500; log_softmax 5 per element + 1 per row = 104; nll_loss 2 per target
+    # = 8; backward: mm (grad W) 2*5*4*12 = 480, sum (grad bias) 20, log_softmax backward 4 per element = 80,
+    # nll_loss backward 8. Naive: each kernel takes the FLOPs of every formula-bearing range around it, so an op's
+    # FLOPs count once per kernel it launches, and once more per kernel for a wrapper range that has a formula
+    # too (log_softmax around _log_softmax, nll_loss around nll_loss_forward).
+    torch = pytest.importorskip("torch")
+    import nvtx_profile_gen as gen
+
+    small = gen.generate(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 5)), torch.randn(4, 3, 2, 2),
+                         str(tmp_path / "lin.sqlite"))
+    a = analyze(small, naive=True)
+    once = {("aten.addmm", "forward"): 500, ("aten._log_softmax", "forward"): 104,
+            ("aten.nll_loss_forward", "forward"): 8, ("aten.mm", "backward"): 480, ("aten.sum", "backward"): 20,
+            ("aten._log_softmax_backward_data", "backward"): 80, ("aten.nll_loss_backward", "backward"): 8}
+    kernels = {(r.op, r.phase): int(r.kernels) for r in a.ops.itertuples()}
+    wrapped = {("aten._log_softmax", "forward"), ("aten.nll_loss_forward", "forward")}
+    expected = sum(f * kernels[k] * (2 if k in wrapped else 1) for k, f in once.items())
+    assert a.report.total() == expected
+    assert analyze(small).report.total() == sum(once.values()) == 1200
+    assert cli(["nsys", small, "--naive", "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["flops"]["total"] == naive.total()
+    assert doc["flops"]["total"] == expected
 
 
 def test_no_shapes_generated(tmp_path):

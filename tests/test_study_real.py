@@ -59,6 +59,26 @@ def test_real_backend_end_to_end(tmp_path):
     assert (one.flops_forward, one.flops_backward) == (report.total("forward"), report.total("backward"))
     fv = flopcount.count(model, torch.randn((2,) + SHAPE), estimator="fvcore", backward=False)
     assert r[(2, "fvcore")].flops_forward == fv.total("forward")
+    # held to values worked out here, not by the code under test: every convolution's multiply-adds from its
+    # output's size (2 per output element, input channel per group and kernel tap; no biases in mobilenet_v2),
+    # the classifier's 2 x 1280 x 10 + 10 bias adds; and fvcore called directly, its MACs x 2
+    macs = []
+
+    def conv_macs(m, inputs, out):
+        macs.append(out.numel() * m.in_channels // m.groups * m.kernel_size[0] * m.kernel_size[1])
+
+    hooks = [m.register_forward_hook(conv_macs) for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
+    model(torch.randn((1,) + SHAPE))
+    for h in hooks:
+        h.remove()
+    fam = report.frame[report.frame.phase == "forward"].groupby("family")["flops"].sum()
+    assert fam["conv"] == 2 * sum(macs) and len(macs) == 52
+    assert fam["matmul"] == 2 * 1280 * 10 + 10
+    from fvcore.nn import FlopCountAnalysis
+
+    analysis = FlopCountAnalysis(model.train(), torch.randn((2,) + SHAPE))  # the study counts in training
+    analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
+    assert r[(2, "fvcore")].flops_forward == 2 * analysis.total()
 
     # what each time row divides: the FLOPs of its method, over its own seconds and peak
     assert r[(1, "one")].flops == r[(1, "batch")].flops == one.flops

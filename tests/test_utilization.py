@@ -194,21 +194,44 @@ def model_file(tmp_path):
     return f"{path}:make"
 
 
-def test_cli_json(model_file, capsys):
+# The CLI's step for model_file (Linear(48, 10) on a batch of 2, cross-entropy against class 0, SGD), by hand:
+#   forward   addmm 2*2*48*10 + bias 2*10 = 1940; log_softmax 5 per element + 1 log per row = 102; nll_loss mean
+#             2 per target = 4                                                                   -> 2046
+#   backward  grad W 2*10*2*48 = 1920 (the input needs no gradient); grad bias 1 per grad element 20;
+#             log_softmax backward 4 per element 80; nll_loss backward 2 per target 4            -> 2024
+#   optimizer SGD p -= lr * g: 2 per parameter, 2 * 490                                         -> 980
+CLI_PHASES = {"forward": 2046, "backward": 2024, "optimizer": 980}
+CLI_STEP = sum(CLI_PHASES.values())  # 5050
+
+
+@pytest.fixture
+def half_second_steps(monkeypatch):
+    """The timer's host clock ticks 0.5 s per reading: every timed step takes exactly 0.5 s."""
+    import types
+
+    from flopcount import timing
+
+    monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=fake_clock(0.5)))
+
+
+def test_cli_json(model_file, capsys, half_second_steps):
     rc = cli.main(["utilization", model_file, "--batch", "2", "--steps", "2", "--warmup", "1", "--format", "json"])
     assert rc == 0
     doc = json.loads(capsys.readouterr().out)
-    assert 0 < doc["utilization"] <= 1
     assert "measured" in doc["peak_source"] and doc["peak_flops"] == 2e9
-    # forward: addmm 2*2*48*10 + bias 2*10 = 1940 (then the loss)
-    assert doc["flops_by_phase"]["forward"] >= 1940
-    assert doc["batch_size"] == 2 and doc["seconds_per_step"] > 0
+    assert doc["flops_by_phase"] == CLI_PHASES and doc["flops_per_step"] == CLI_STEP
+    assert doc["batch_size"] == 2 and doc["seconds_per_step"] == 0.5
+    assert doc["achieved_flops"] == pytest.approx(CLI_STEP / 0.5)
+    assert doc["utilization"] == pytest.approx(CLI_STEP / (0.5 * 2e9))  # 5.05e-06
 
 
-def test_cli_table(model_file, capsys):
+def test_cli_table(model_file, capsys, half_second_steps):
     assert cli.main(["utilization", model_file, "--batch", "2", "--steps", "1", "--warmup", "0"]) == 0
-    out = capsys.readouterr().out
-    assert "utilization" in out and "seconds per step" in out and "measured" in out
+    lines = {line.strip().split("  ")[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert lines["utilization"].split()[1] == "5.05e-06"  # 5050 / (0.5 s x 2 GFLOP/s)
+    assert "5.05 k (forward 2.05 k, backward 2.02 k, optimizer 980)" in lines["FLOPs per step"]
+    assert lines["seconds per step"].split()[3:5] == ["500", "ms"]
+    assert "10.1 kFLOP/s" in lines["achieved"] and "2.00 GFLOP/s" in lines["peak"] and "measured" in lines["peak"]
 
 
 def test_cli_unknown_device_spec(model_file, capsys):

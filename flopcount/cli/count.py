@@ -40,6 +40,7 @@ def run(args) -> int:
     from .. import count, eval_mode_note, get_estimator
     from ..errors import FlopcountError, model_errors
     from ..models import build, input_source
+    from ..models_hf import is_hf
     from ..progress import counting
     from ..scaling import check_scaling
 
@@ -66,6 +67,8 @@ def run(args) -> int:
     if report.meta["input"]["source"] == "default":
         warn(f"no input shape given: each sample is {report.meta['input']['shape']}, the default for an image model;"
              " give --input-shape C,H,W if the model takes another")
+    if is_hf(model):  # the head built decides what is counted (an LM head and its loss, or none): say which
+        report.meta["model_class"] = type(model).__name__
     note = eval_mode_note(model)
     if note and args.format == "csv":  # the table and the JSON document carry it in their notes
         warn(note)
@@ -104,7 +107,7 @@ def count_table(report, by: str, *, depth=None, top=None, width=None, color=None
     grand = report.total()
     title = [R.headline(report.model or "model", batch=report.batch_size, input=R.input_label(report.meta),
                         estimator=report.estimator, device=report.meta.get("device"),
-                        phases=",".join(report.phases))]
+                        phases=",".join(report.phases), **{"class": report.meta.get("model_class")})]
     notes = [f"note: {n}" for n in report.notes]
     notes.append(LEGEND)
     if by == "phase":

@@ -33,7 +33,7 @@ from ..errors import reason
 from ..api_checks import check_loss
 from ..progress import tick
 from ..step import (batch_size_of, call_model, default_loss, module_stack, preserved, random_on,
-                    rebuild_optimizer)
+                    rebuild_optimizer, seeded)
 from ..report import COUNTED, UNCOUNTED, ZERO, FlopReport
 from .base import Capabilities, Request
 from . import fallback
@@ -337,12 +337,13 @@ def count_step(
 
     On meta (the default), ops with run-time kernel choices take the kernel ``as_device`` ("cpu" or "cuda") would;
     a forward that needs tensor values is counted on the CPU instead (``fallback_to_cpu``), or fails in one line.
-    The caller's model is given back unchanged (``step.preserved``).
+    The caller's model is given back unchanged (``step.preserved``), and the count is the same on every run: the
+    step draws its random numbers from a fixed seed on a fork of torch's generator (``step.seeded``).
     """
     device = str(device)
     name = model_name or type(model).__name__
     meta_extra = {"device": device}
-    with preserved(model):
+    with preserved(model), seeded(device):
         if device != "meta":
             counter, phases, notes, used = _run(model, inputs, backward=backward, loss_fn=loss_fn, device=device,
                                                 optimizer=optimizer, as_device=as_device)
@@ -350,9 +351,12 @@ def count_step(
             meta_extra["as"] = as_device
             needed, state = None, {}
             try:
-                counter, phases, notes, used = _run(model, inputs, backward=backward, loss_fn=loss_fn,
-                                                    device="meta", optimizer=optimizer, as_device=as_device,
-                                                    state=state)
+                # undone before a fallback: a module that cached meta tensors on itself (an eval-mode detector's
+                # anchors) would hand them to the CPU run
+                with preserved(model):
+                    counter, phases, notes, used = _run(model, inputs, backward=backward, loss_fn=loss_fn,
+                                                        device="meta", optimizer=optimizer, as_device=as_device,
+                                                        state=state)
             except Exception as exc:
                 failed = state.get("counter")
                 needed = fallback.meta_limit(exc, failed.needs_values if failed is not None else None)

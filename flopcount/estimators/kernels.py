@@ -31,6 +31,8 @@ MATH, FLASH, EFFICIENT = 0, 1, 2  # PyTorch's SDPBackend numbering
 _LSTM_MODE = 2
 _aten = torch.ops.aten
 _GROUPED_MM = _aten._grouped_mm.default
+_CUDNN_RNN = _aten._cudnn_rnn.default
+_CUDNN_RNN_BACKWARD = _aten._cudnn_rnn_backward.default
 
 
 def simulated(t) -> bool:
@@ -73,6 +75,14 @@ def call_simulated(func, args, kwargs):
     kernel takes: the grouped matrix product of a mixture of experts (``torch._grouped_mm``), whose meta kernel
     follows the GPU's and wants bf16 or fp16, while the CPU's takes fp32 too. Its shapes are checked by the meta
     kernel on half-precision stand-ins; the result has the dtype the CPU gives."""
+    if func is _CUDNN_RNN and simulated(args[0]) and args[3] is None:
+        # cuDNN copies unflattened weights into a buffer of its own, which it returns and its backward takes; the
+        # meta kernel hands back the (absent) buffer it was given. Made here, out of the counter's sight, as the
+        # kernel makes it inside itself.
+        size = sum(w.numel() for w in args[1])
+        return func(args[0], args[1], args[2], args[0].new_empty((size,)), *args[4:], **kwargs)
+    if func is _CUDNN_RNN_BACKWARD and simulated(args[0]):
+        return cudnn_rnn_backward_on_meta(args)
     if func is _GROUPED_MM and len(args) >= 2 and simulated(args[0]) and args[0].dtype not in _HALF:
         a, b = args[0], args[1]
         rest = [x.to(torch.bfloat16) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
@@ -136,6 +146,14 @@ def routed_sdpa(original, target: str):
         if not simulated(query):
             return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                             scale=scale, enable_gqa=enable_gqa)
+        if query.dim() == key.dim() == value.dim() == 3:
+            # unbatched (heads, L, E): PyTorch adds a batch dimension (and the mask's leading ones) before it
+            # chooses a kernel, on every device, and takes it off the output
+            mask = attn_mask
+            while isinstance(mask, torch.Tensor) and mask.dim() < 4:
+                mask = mask.unsqueeze(0)
+            return sdpa(query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0), mask, dropout_p, is_causal,
+                        scale, enable_gqa).squeeze(0)
         choose = cpu_choice if target == "cpu" else cuda_choice
         backend = choose(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         if backend == FLASH and target == "cpu":
@@ -205,6 +223,52 @@ def lstm_as_on_cpu(x, hx, params, has_biases, num_layers, dropout, train, bidire
     return output, torch.stack(hy, 0), torch.stack(cy, 0)
 
 
+# cuDNN's RNN modes (cudnnRNNMode_t), as ``at::native`` passes them to ``_cudnn_rnn``
+_CUDNN_MODES = {"rnn_relu": 0, "rnn_tanh": 1, "lstm": 2, "gru": 3}
+
+
+def rnn_as_on_cuda(kind, x, batch_sizes, hx, params, has_biases, num_layers, dropout, train, bidirectional,
+                   batch_first):
+    """The whole stack as one ``_cudnn_rnn``, as ``at::lstm`` (``gru``, ``rnn_*``) calls it on a CUDA tensor:
+    the flat weight list (four tensors per layer and direction with biases, else two), no flattened buffer."""
+    h0, c0 = hx if kind == "lstm" else (hx, None)
+    out = _aten._cudnn_rnn(x, list(params), 4 if has_biases else 2, None, h0, c0, _CUDNN_MODES[kind],
+                           h0.shape[-1], 0, num_layers, batch_first, dropout, train, bidirectional,
+                           batch_sizes, None)
+    return (out[0], out[1], out[2]) if kind == "lstm" else (out[0], out[1])
+
+
+def cudnn_rnn_backward_on_meta(args):
+    """``_cudnn_rnn_backward`` has no meta kernel: its gradients have the shapes of what they differentiate (the
+    input, the initial states, the weights where ``output_mask`` asks for them)."""
+    x, weights, hx, cx, mask = args[0], args[1], args[4], args[5], args[-1]
+    grad_weights = [w.new_empty(w.shape) for w in weights] if mask[3] else []
+    grad_cx = cx.new_empty(cx.shape) if cx is not None else hx.new_empty((0,))
+    return x.new_empty(x.shape), hx.new_empty(hx.shape), grad_cx, grad_weights
+
+
+def routed_rnn_cuda(kind, original):
+    def rnn(*args, **kwargs):
+        if kwargs or not args or not simulated(args[0]) or not args[0].is_floating_point():
+            return original(*args, **kwargs)
+        if isinstance(args[1], torch.Tensor) and kind != "lstm" and len(args) == 9 and args[1].dim() == 3:
+            # the padded overload of gru/rnn: (input, hx, params, ...); the packed one passes batch_sizes second
+            return rnn_as_on_cuda(kind, args[0], [], args[1], *args[2:])
+        if kind == "lstm" and len(args) == 9 and isinstance(args[1], (list, tuple)):
+            if args[1][0].shape[-1] != args[1][1].shape[-1]:  # projections: not modelled, the original path
+                return original(*args)
+            return rnn_as_on_cuda(kind, args[0], [], *args[1:])
+        if len(args) == 9 and isinstance(args[1], torch.Tensor) and not simulated(args[1]):
+            # packed: (data, batch_sizes, hx, params, has_biases, num_layers, dropout, train, bidirectional)
+            hx = args[2]
+            if kind == "lstm" and hx[0].shape[-1] != hx[1].shape[-1]:
+                return original(*args)
+            return rnn_as_on_cuda(kind, args[0], args[1].tolist(), *args[2:], False)
+        return original(*args, **kwargs)
+
+    return rnn
+
+
 def routed_lstm(original):
     def lstm(*args, **kwargs):
         # the packed-sequence overload passes batch_sizes second; oneDNN takes only padded input
@@ -225,17 +289,18 @@ def kernels_as(target: str = "cpu"):
         raise FlopcountError(f"unknown target device {target!r} for --as; use one of {', '.join(TARGETS)}")
     original_sdpa = F.scaled_dot_product_attention
     vf = torch._VF
-    had_lstm = "lstm" in vars(vf)
-    original_lstm = vf.lstm
+    kinds = ("lstm",) if target == "cpu" else tuple(_CUDNN_MODES)
+    had = {k: vars(vf)[k] for k in kinds if k in vars(vf)}  # torch._VF resolves names lazily, through __getattr__
+    originals = {k: getattr(vf, k) for k in kinds}
     F.scaled_dot_product_attention = routed_sdpa(original_sdpa, target)
-    if target == "cpu":
-        vf.lstm = routed_lstm(original_lstm)
+    for kind, original in originals.items():
+        setattr(vf, kind, routed_lstm(original) if target == "cpu" else routed_rnn_cuda(kind, original))
     try:
         yield
     finally:
         F.scaled_dot_product_attention = original_sdpa
-        if target == "cpu":
-            if had_lstm:
-                vf.lstm = original_lstm
+        for kind in kinds:
+            if kind in had:
+                setattr(vf, kind, had[kind])
             else:
-                del vf.lstm
+                delattr(vf, kind)
