@@ -174,3 +174,23 @@ def is_parallelized(model: torch.nn.Module) -> bool:
     if any(isinstance(m, FSDPModule) for m in model.modules()):
         return True
     return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def ranks_per_batch(model: torch.nn.Module) -> int:
+    """How many ranks run the same batch: the tensor-parallel degree of a sharded model (its DTensors' ``tp``
+    mesh dimension, or their whole mesh where FSDP2 is not applied), else 1."""
+    if not is_parallelized(model):
+        return 1
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    fsdp = any(isinstance(m, FSDPModule) for m in model.modules())
+    for p in model.parameters():
+        if isinstance(p, DTensor):
+            mesh = p.device_mesh
+            names = tuple(mesh.mesh_dim_names or ())
+            if "tp" in names:
+                return mesh.size(names.index("tp"))
+            if not fsdp:
+                return mesh.size()
+    return 1
