@@ -195,3 +195,16 @@ def test_the_callers_model_is_untouched():
     flopcount.count(model, torch.randn(B, D), loss_fn=_loss, world=2)
     assert all(torch.equal(before[n], p) and p.grad is None for n, p in model.named_parameters())
     assert not torch.distributed.is_initialized()
+
+
+def test_the_70b_benchmark_runs_small_and_its_products_meet_their_closed_forms():
+    pytest.importorskip("transformers")
+    import json
+
+    from helpers import run_benchmark
+
+    out = run_benchmark("sharded_llama70b.py", "--fsdp", "4", "--tp", "2", "--layers", "1", "--seq", "128")
+    result = json.loads(out[out.index("{"):])
+    assert result["layout"] == "FSDP 4 x TP 2 (world 8)" and result["uncounted"] == {}
+    assert result["matmul_forward_x_world"] == result["matmul_closed_form"]
+    assert result["attention_forward_x_world"] == result["attention_closed_form"]
