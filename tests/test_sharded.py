@@ -208,3 +208,32 @@ def test_the_70b_benchmark_runs_small_and_its_products_meet_their_closed_forms()
     assert result["layout"] == "FSDP 4 x TP 2 (world 8)" and result["uncounted"] == {}
     assert result["matmul_forward_x_world"] == result["matmul_closed_form"]
     assert result["attention_forward_x_world"] == result["attention_closed_form"]
+
+
+def test_collective_closed_forms_by_hand():
+    from flopcount.formulas import collective as c
+
+    # 4096 elements over 4 ranks: a ring passes on 3 of 4 shards; an all-reduce does it twice
+    assert c.all_gather(4096, 4) == (0, 3072)
+    assert c.reduce_scatter(4096, 4) == (3072, 3072)
+    assert c.reduce_scatter(4096, 4, "avg") == (3072 + 1024, 3072)
+    assert c.all_reduce(4096, 4) == (3072, 6144)
+    assert c.all_to_all(4096, 4) == (0, 3072)
+    assert c.all_reduce(4096, 1) == (0, 0)
+
+
+class AllReduces(torch.nn.Module):
+    def forward(self, x):
+        y = x * 2
+        torch.distributed.all_reduce(y)
+        return y
+
+
+def test_a_process_group_collective_is_an_op_with_its_bytes():
+    from flopcount.distributed.fake_group import fake_world
+
+    with fake_world(Layout(fsdp=4)):
+        report = flopcount.count(AllReduces(), torch.randn(4096), device="cpu", backward=False)
+    row = _by(report, "collective", op="c10d.allreduce_")
+    # 4096 fp32 all-reduced over 4 ranks: 2 x 3/4 x 16384 B sent, 3/4 x 4096 adds
+    assert row["bytes"].sum() == 24576 and row["flops"].sum() == 3072 and row["calls"].sum() == 1
