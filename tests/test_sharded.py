@@ -237,3 +237,41 @@ def test_a_process_group_collective_is_an_op_with_its_bytes():
     row = _by(report, "collective", op="c10d.allreduce_")
     # 4096 fp32 all-reduced over 4 ranks: 2 x 3/4 x 16384 B sent, 3/4 x 4096 adds
     assert row["bytes"].sum() == 24576 and row["flops"].sum() == 3072 and row["calls"].sum() == 1
+
+
+class TitanBlock(torch.nn.Module):
+    """torchtitan's Llama feed-forward names: w1 and w3 column-wise, w2 row-wise."""
+
+    def __init__(self, d, f):
+        super().__init__()
+        self.feed_forward = torch.nn.Module()
+        self.feed_forward.w1 = torch.nn.Linear(d, f, bias=False)
+        self.feed_forward.w3 = torch.nn.Linear(d, f, bias=False)
+        self.feed_forward.w2 = torch.nn.Linear(f, d, bias=False)
+
+    def forward(self, x):
+        ff = self.feed_forward
+        return x + ff.w2(torch.nn.functional.silu(ff.w1(x)) * ff.w3(x))
+
+
+class Titan(torch.nn.Module):
+    def __init__(self, d=16, f=32, v=24, layers=2):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(TitanBlock(d, f) for _ in range(layers))
+        self.output = torch.nn.Linear(d, v, bias=False)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.output(x)
+
+
+def test_torchtitan_names_get_torchtitans_plan():
+    d, f, v, layers, t = 16, 32, 24, 2, 2
+    rank = flopcount.count(Titan(d, f, v, layers), torch.randn(B, d), loss_fn=_loss, world={"tp": t})
+    # forward matrix products: 2 B (L 3 D F + D V) / t
+    assert _by(rank, "matmul", "forward")["flops"].sum() == 2 * B * (layers * 3 * d * f + d * v) // t
+    reduces = _by(rank, "collective", "forward", op="_c10d_functional.all_reduce")
+    assert reduces["calls"].sum() == layers and reduces["bytes"].sum() == layers * 2 * B * d * 4 * (t - 1) // t
+    gathers = _by(rank, "collective", "forward", op="_c10d_functional.all_gather_into_tensor")
+    assert gathers["bytes"].sum() == B * v * 4 * (t - 1) // t

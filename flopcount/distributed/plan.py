@@ -25,7 +25,8 @@ import torch
 from .layout import Layout, UnsupportedLayout
 
 TORCHTITAN_PLAN = {
-    "tok_embeddings": "embedding_rowwise", "layers.*.attention.wq": "colwise", "layers.*.attention.wk": "colwise", "layers.*.attention.wv": "colwise",
+    "tok_embeddings": "embedding_rowwise", "layers.*.attention.wq": "colwise",
+    "layers.*.attention.wk": "colwise", "layers.*.attention.wv": "colwise",
     "layers.*.attention.wo": "rowwise", "layers.*.feed_forward.w1": "colwise",
     "layers.*.feed_forward.w3": "colwise", "layers.*.feed_forward.w2": "rowwise", "output": "colwise_rep",
 }

@@ -25,8 +25,8 @@ Formulas for the data-movement ops that also accumulate:
   ``_embedding_bag_per_sample_weights_backward``: per index, the dot product of its bag's gradient with its row,
   2 n D.
 
-Boolean logic (``logical_and/or/not/xor``, ``bitwise_and/or/not/xor``, ``&``, ``|``, ``^``, ``all``, ``any``) is not floating-point
-arithmetic and is declared zero (memory ops: they read and write bytes).
+Boolean logic (``logical_and/or/not/xor``, ``bitwise_and/or/not/xor``, ``&``, ``|``, ``^``, ``all``, ``any``) is
+not floating-point arithmetic and is declared zero (memory ops: they read and write bytes).
 """
 from __future__ import annotations
 
