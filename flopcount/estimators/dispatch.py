@@ -17,6 +17,9 @@ How it works, and why:
   running on fake tensors of the autocast's device type, where its casts apply as on that device.
 * A forward that needs tensor values fails on meta; the step is then counted on the CPU with real tensors, said in
   one line on stderr and in the report's notes (``fallback.py``).
+* A sharded model (FSDP2, tensor parallel: ``flopcount.distributed``) runs as it is (``AsGiven``), since its hooks
+  swap its parameters during the step; DTensor ops are let through to DTensor, which unwraps them and runs its
+  local ops, counted here; ops run inside ``aside()`` are not ops of the step.
 """
 from __future__ import annotations
 
