@@ -32,7 +32,7 @@ __all__ = [
 
 
 def count(model, inputs, *, estimator: str = "dispatch", backward: bool = True, loss_fn: Optional[Callable] = None,
-          device: str = "meta", optimizer=None, model_name: str = "", **options) -> FlopReport:
+          device: str = "meta", optimizer=None, model_name: str = "", world=None, **options) -> FlopReport:
     """FLOPs of one training step of ``model`` on ``inputs`` (forward, and backward unless ``backward=False``;
     the optimizer's step too when an ``optimizer`` is given).
 
@@ -43,8 +43,27 @@ def count(model, inputs, *, estimator: str = "dispatch", backward: bool = True, 
 
     The model is counted in the mode it is in: one in eval mode (``model.eval()``) is counted as inference would
     run it (batch norm on its running statistics, dropout off), and the report's notes say so.
+
+    ``world`` (``{"fsdp": 64, "tp": 8}``, a ``flopcount.distributed.Layout``, or a number of FSDP ranks): one rank
+    of the model sharded so (FSDP2, tensor parallel), counted on a fake process group in this process, ``inputs``
+    being one data-parallel rank's batch; collectives are ops of the ``collective`` family with the bytes the rank
+    sends. A model sharded already (``fully_shard``, ``parallelize_module``) is counted as it is.
     """
     from .estimators.base import make_request, run
+    from . import distributed
+
+    if world is not None or distributed.is_parallelized(model):
+        if estimator != "dispatch" or options.keys() - {"as_device"}:
+            raise EstimatorError("a sharded step is counted by the dispatch estimator only, with as_device= as "
+                                 "its one extra option")
+        if world is not None:
+            if str(device) != "meta":
+                raise EstimatorError("world= counts on a fake process group, on meta: device= must stay meta")
+            return distributed.count_sharded(model, inputs, world, backward=backward, loss_fn=loss_fn,
+                                             optimizer=optimizer, model_name=model_name, **options)
+        return distributed.count_parallelized(model, inputs, backward=backward, loss_fn=loss_fn,
+                                              optimizer=optimizer, model_name=model_name,
+                                              device=None if str(device) == "meta" else device, **options)
 
     est = get_estimator(estimator)
     request = make_request(model, inputs, backward=backward, loss_fn=loss_fn, device=device, optimizer=optimizer,

@@ -50,6 +50,12 @@ class DeviceSpec:
     note: str = ""
     measured: bool = False
     kernels: str = "cuda"  # whose kernel choices a count on meta takes for this device (see estimators/kernels.py)
+    # links, bytes/s in each direction: NVLink per GPU, and the scale-out network (InfiniBand/RoCE) per node of
+    # ``gpus_per_node`` GPUs; absent where the table has no figure
+    nvlink: Optional[float] = None
+    network: Optional[float] = None
+    gpus_per_node: Optional[int] = None
+    link_source: str = ""
 
     def peak(self, precision: str) -> float:
         if precision not in PRECISIONS:
@@ -71,7 +77,9 @@ class DeviceSpec:
 
     def to_dict(self) -> dict:
         return {"name": self.name, "peaks": dict(self.peaks), "bandwidth": self.bandwidth, "source": self.source,
-                "aliases": list(self.aliases), "note": self.note, "measured": self.measured, "kernels": self.kernels}
+                "aliases": list(self.aliases), "note": self.note, "measured": self.measured, "kernels": self.kernels,
+                "nvlink": self.nvlink, "network": self.network, "gpus_per_node": self.gpus_per_node,
+                "link_source": self.link_source}
 
 
 # --- the datasheet table ------------------------------------------------------------------------------------------
@@ -99,8 +107,12 @@ def _load_table() -> Dict[str, DeviceSpec]:
         for row in csv.DictReader(text.splitlines()):
             peaks = {p: _float(row[p]) for p in PRECISIONS if _float(row.get(p, ""))}
             aliases = tuple(a.strip() for a in row["aliases"].split(";") if a.strip())
+            gpus = _float(row.get("gpus_per_node"))
             table[row["name"]] = DeviceSpec(name=row["name"], peaks=peaks, bandwidth=_float(row["bandwidth"]),
-                                            source=row["source"], aliases=aliases, note=row.get("note", ""))
+                                            source=row["source"], aliases=aliases, note=row.get("note", ""),
+                                            nvlink=_float(row.get("nvlink")), network=_float(row.get("network")),
+                                            gpus_per_node=int(gpus) if gpus else None,
+                                            link_source=row.get("link_source") or "")
         _TABLE = table
     return _TABLE
 
@@ -141,7 +153,8 @@ def list_devices():
         row = {"name": spec.name}
         row.update({p: spec.peaks.get(p) for p in PRECISIONS})
         row.update({"bandwidth": spec.bandwidth, "source": spec.source, "note": spec.note,
-                    "aliases": ";".join(spec.aliases)})
+                    "aliases": ";".join(spec.aliases), "nvlink": spec.nvlink, "network": spec.network,
+                    "gpus_per_node": spec.gpus_per_node, "link_source": spec.link_source})
         rows.append(row)
     return pd.DataFrame(rows).set_index("name")
 

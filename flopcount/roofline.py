@@ -13,7 +13,11 @@ allowed; every other family at fp32), and the step as a whole against ``devices.
 policy that utilization and the study use too.
 
 Bytes follow the report's rule (each input read once, each output written once), a lower bound: the roofline
-time is a lower bound too. Rows of the report are (module, op, phase, dtype); where a module calls the same op
+time is a lower bound too. A collective of a sharded step (family ``collective``; its bytes are those the rank
+sends) takes bytes / the bandwidth of the link its group crosses (``distributed.links``): its communication time.
+The step's roofline time adds it to the compute and memory times, as if nothing overlapped; the step is
+*communication-bound* where communication alone takes longer than all its compute and memory time, so that no
+overlap could hide it. Rows of the report are (module, op, phase, dtype); where a module calls the same op
 several times with different shapes, the row's verdict is that of the calls together.
 """
 from __future__ import annotations
@@ -29,7 +33,8 @@ from .devices import (MATRIX_FAMILIES, PRECISIONS, DeviceSpec, UnknownPeak, effe
 from .errors import FlopcountError
 from .report import FlopReport, UNCOUNTED
 
-COMPUTE, MEMORY, NONE = "compute", "memory", "-"
+COMPUTE, MEMORY, COMMUNICATION, NONE = "compute", "memory", "communication", "-"
+COLLECTIVE = "collective"  # the op family of collectives (formulas/collective.py): their bytes cross links
 
 
 class RooflineError(FlopcountError):
@@ -142,6 +147,22 @@ class Roofline:
         return self.attainable_flop_per_s / self.peak_flops
 
     @property
+    def communication_seconds(self) -> float:
+        """Time of the step's collectives on their links (0 for a step without any)."""
+        return float(self.ops["t_comm"].sum()) if "t_comm" in self.ops else 0.0
+
+    @property
+    def verdict(self) -> str:
+        """``communication`` where the collectives alone take longer than the compute and memory time; else
+        ``memory`` where memory-bound ops take most of the rest, else ``compute``."""
+        comm = self.communication_seconds
+        rest = self.seconds - comm
+        if comm > rest:
+            return COMMUNICATION
+        memory = float(self.ops.loc[self.ops["bound"] == MEMORY, "t_roofline"].sum())
+        return MEMORY if rest and memory / rest > 0.5 else COMPUTE
+
+    @property
     def memory_bound_share(self) -> float:
         """Share of the roofline time spent in memory-bound ops."""
         t = self.seconds
@@ -163,18 +184,22 @@ class Roofline:
         roofline time, and ``memory_share``, the part of the group's roofline time in memory-bound rows."""
         if key not in ("family", "op", "module", "phase"):
             raise ValueError(f"cannot group by {key!r}; use family, op, module or phase")
-        f = self.ops.assign(_tmem=self.ops["t_roofline"].where(self.ops["bound"] == MEMORY, 0.0))
+        f = self.ops.assign(_tmem=self.ops["t_roofline"].where(self.ops["bound"] == MEMORY, 0.0),
+                            _tcomm=self.ops["t_roofline"].where(self.ops["bound"] == COMMUNICATION, 0.0))
         g = f.groupby(key, sort=False).agg(
             flops=("flops", "sum"), bytes=("bytes", "sum"), calls=("calls", "sum"),
             t_compute=("t_compute", "sum"), t_memory=("t_memory", "sum"), t_roofline=("t_roofline", "sum"),
-            _tmem=("_tmem", "sum"),
+            _tmem=("_tmem", "sum"), _tcomm=("_tcomm", "sum"),
         )
         g.insert(3, "intensity", [intensity(a, b) for a, b in zip(g["flops"], g["bytes"])])
         total = self.seconds
         g["share"] = g["t_roofline"] / total if total else math.nan
         g["memory_share"] = (g["_tmem"] / g["t_roofline"]).where(g["t_roofline"] > 0)
         g["bound"] = [_group_bound(m) for m in g["memory_share"]]
-        return g.drop(columns="_tmem").sort_values("t_roofline", ascending=False, kind="stable")
+        if g["_tcomm"].any():
+            g["t_comm"] = g["_tcomm"]
+            g.loc[(g["_tcomm"] >= 0.999 * g["t_roofline"]) & (g["t_roofline"] > 0), "bound"] = COMMUNICATION
+        return g.drop(columns=["_tmem", "_tcomm"]).sort_values("t_roofline", ascending=False, kind="stable")
 
     def summary(self) -> dict:
         return {
@@ -183,7 +208,8 @@ class Roofline:
             "roofline_seconds": self.seconds, "seconds_per_flop": self.seconds_per_flop,
             "attainable_flop_per_s": self.attainable_flop_per_s, "peak_flops": self.peak_flops,
             "utilization_ceiling": self.utilization_ceiling,
-            "memory_bound_share": self.memory_bound_share, "measured_seconds": self.measured_seconds,
+            "memory_bound_share": self.memory_bound_share, "communication_seconds": self.communication_seconds,
+            "verdict": self.verdict, "measured_seconds": self.measured_seconds,
             "unexplained_seconds": self.unexplained_seconds, "unexplained_share": self.unexplained_share,
             "notes": list(self.notes),
         }
@@ -231,6 +257,7 @@ def analyze(report: FlopReport, spec: DeviceSpec, *, allow_tf32: Union[bool, dic
     f["t_memory"] = f["bytes"] / bandwidth
     f["t_roofline"] = f[["t_compute", "t_memory"]].max(axis=1)
     f["bound"] = [_bound(a, b, i, r) for a, b, i, r in zip(f["flops"], f["bytes"], f["intensity"], f["ridge"])]
+    _communication(f, report, spec)
     total = float(f["t_roofline"].sum())
     f["share"] = f["t_roofline"] / total if total else math.nan
 
@@ -245,9 +272,30 @@ def analyze(report: FlopReport, spec: DeviceSpec, *, allow_tf32: Union[bool, dic
                     measured_seconds=measured_seconds, notes=notes, tf32=tf32)
 
 
+def _communication(f: pd.DataFrame, report: FlopReport, spec: DeviceSpec) -> None:
+    """Collective rows take bytes / their link's bandwidth (``distributed.links``), and nothing else."""
+    comm = f["family"] == COLLECTIVE
+    f["t_comm"] = 0.0
+    if not comm.any():
+        return
+    from .distributed.layout import UnsupportedLayout
+    from .distributed.links import link
+
+    world = report.meta.get("world") or {}
+    try:
+        chosen = [link(op, world, spec) for op in f.loc[comm, "op"]]
+    except UnsupportedLayout as exc:
+        raise RooflineError(str(exc)) from None
+    f.loc[comm, "link"] = [name for name, _ in chosen]
+    f.loc[comm, "t_comm"] = f.loc[comm, "bytes"].to_numpy() / [bw for _, bw in chosen]
+    f.loc[comm, ["t_compute", "t_memory"]] = 0.0
+    f.loc[comm, "t_roofline"] = f.loc[comm, "t_comm"]
+    f.loc[comm, "bound"] = [COMMUNICATION if b else NONE for b in f.loc[comm, "bytes"]]
+
+
 def from_spec(spec: str, device_spec, *, batch: int = 1, dtype="float32", tf32: Union[bool, dict] = False,
               measured_seconds: Optional[float] = None, input_shape=None, num_classes=None,
-              seq_len: Optional[int] = None) -> Roofline:
+              seq_len: Optional[int] = None, world=None) -> Roofline:
     """The roofline of a model spec's training step (counted on meta, nothing run, with the kernels the named
     device would choose) on that device: the one pipeline of ``flopcount roofline`` and the study's roofline
     figure."""
@@ -262,5 +310,10 @@ def from_spec(spec: str, device_spec, *, batch: int = 1, dtype="float32", tf32: 
     model, inputs, name = build(spec, batch=batch, input_shape=input_shape, num_classes=num_classes, dtype=dtype,
                                 seq_len=seq_len)
     with model_errors(name, inputs):
-        report = count_step(model, inputs, model_name=name, as_device=spec_.kernels)
+        if world is not None:  # one rank of the sharded step, its collectives on the device's links
+            from .distributed import count_sharded
+
+            report = count_sharded(model, inputs, world, model_name=name, as_device=spec_.kernels)
+        else:
+            report = count_step(model, inputs, model_name=name, as_device=spec_.kernels)
     return analyze(report, spec_, allow_tf32=tf32, measured_seconds=measured_seconds)

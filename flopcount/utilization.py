@@ -113,6 +113,10 @@ class _Setup:
 
         inner = steps_.unwrap(self.model)
         loss = steps_.make_loss(self.loss_fn, target)
+        if distributed.is_parallelized(inner):  # FSDP2 / tensor parallel: this rank's step, run as it is
+            with self.amp():
+                return distributed.count_parallelized(inner, inputs, loss_fn=loss, optimizer=self.optimizer,
+                                                      device=str(self.dev), as_device=self.dev.type)
         if self.autocast is None:
             return count_step(inner, steps_.meta_like(inputs), loss_fn=loss, optimizer=self.optimizer,
                               device="meta", as_device=self.dev.type)
@@ -130,6 +134,9 @@ class _Tally:
     mix: Dict[str, float] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
     tokens: float = 0.0
+    # the part of the batch this rank stands for: 1 / the ranks that run the same batch (a tensor-parallel group),
+    # so that samples and tokens summed over ranks count each batch once
+    batch_share: float = 1.0
 
     def add(self, report: FlopReport, tf32, weight: float = 1.0, tokens: int = 0) -> None:
         self.tokens += weight * tokens
@@ -178,8 +185,8 @@ def utilization(model, batch, *, device=None, dtype=None, steps: int = 5, warmup
                                     input_shape=input_shape, seq_len=seq_len)
     if target is not None and scope == "one":
         target = steps_.first_sample(target)
-    tally = _Tally()
-    tally.add(setup.count(inputs, target), setup.tf32, tokens=steps_.tokens_of(inputs))
+    tally = _Tally(batch_share=1.0 / distributed.ranks_per_batch(steps_.unwrap(model)))
+    tally.add(setup.count(inputs, target), setup.tf32, tokens=steps_.tokens_of(inputs) * tally.batch_share)
     # the peak is settled before any timing: an unknown device fails in a second, not after a minute of steps
     devices.resolve_peak(tally.mix, device=setup.dev, peak=peak, device_spec=device_spec)
     run = steps_.train_step_fn(model, loss=steps_.make_loss(loss_fn, target), optimizer=setup.optimizer)
@@ -302,8 +309,8 @@ def _finish(setup: _Setup, tally: _Tally, timed: Measurement, *, batch_size: int
     names = [p for p in ("forward", "backward", "recompute", "optimizer") if p in tally.phases]
     bandwidth = spec.bandwidth if spec is not None and spec.bandwidth else 0.0
     precs = devices.PRECISIONS  # a fixed order, so that every rank's list lines up
-    head = [tally.phases[p] for p in names] + [tally.nbytes, peak_flops, bandwidth, float(batch_size), 1.0,
-                                               tally.tokens]
+    head = [tally.phases[p] for p in names] + [tally.nbytes, peak_flops, bandwidth,
+                                               float(batch_size) * tally.batch_share, 1.0, tally.tokens]
     sums = distributed.reduce(head + [float(tally.mix.get(p, 0.0)) for p in precs], "sum")
     mix = {p: v for p, v in zip(precs, sums[len(head):]) if v}
     phases = dict(zip(names, sums[:len(names)]))
@@ -340,9 +347,10 @@ def _finish(setup: _Setup, tally: _Tally, timed: Measurement, *, batch_size: int
     )
 
 
-def from_spec(spec: str, batch, *, device: str = "cpu", num_classes=None, **options):
+def from_spec(spec: str, batch, *, device: str = "cpu", num_classes=None, world=None, **options):
     """``utilization`` of a model spec (see ``models.load_model``) as the CLI runs it: under torchrun each rank
-    builds the model on its device, wraps it in DDP and measures; returns (Utilization, rank)."""
+    builds the model on its device, wraps it in DDP (or, with ``world``, shards it: FSDP2 and tensor parallel on
+    the launched ranks) and measures; returns (Utilization, rank)."""
     from .models import load_model
 
     dtype = parse_dtype(options.pop("dtype", None))
@@ -351,6 +359,9 @@ def from_spec(spec: str, batch, *, device: str = "cpu", num_classes=None, **opti
         model, name = load_model(spec, num_classes=num_classes, device=device)
         if dtype is not None:
             model = model.to(dtype)  # before DDP wraps it; the inputs follow through dtype= below
-        model = distributed.wrap_ddp(model, device)
+        if world is not None:
+            model = distributed.shard_launched(model, world, device)
+        else:
+            model = distributed.wrap_ddp(model, device)
         with model_errors(name):  # the model's own failure names the model, never flopcount
             return utilization(model, batch, device=device, dtype=dtype, model_name=name, **options), rank

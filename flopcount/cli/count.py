@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import sys
 
-from .main import (EXIT_CHECK_FAILED, EXIT_OK, add_format, add_model, add_top, natural_int, print_frame, print_json,
-                   records, warn)
+from .main import (EXIT_CHECK_FAILED, EXIT_OK, add_format, add_model, add_parallel, add_top, natural_int,
+                   parallel_world, print_frame, print_json, records, warn)
 
 DEFAULT_DEPTH = 2
 LEGEND = "1 multiply-add = 2 FLOPs; k M G T = 1e3 1e6 1e9 1e12; FLOP/B: FLOPs per byte read or written"
@@ -33,6 +33,7 @@ def add(sub) -> None:
                         "note)")
     p.add_argument("--check-scaling", action="store_true",
                    help="also count at batch 1 and list every op whose FLOPs are not exactly batch x batch-1")
+    add_parallel(p)
     add_format(p)
 
 
@@ -48,12 +49,18 @@ def run(args) -> int:
         args.by = "module" if args.depth is not None else "op"
     if args.depth is not None and args.by != "module":
         raise FlopcountError("--depth applies to --by module")
+    world = parallel_world(args)
+    if world is not None and (args.device != "meta" or args.check_scaling or args.estimator != "dispatch"):
+        raise FlopcountError("--fsdp/--tp count one rank on a fake process group: on meta, with the dispatch "
+                             "estimator, without --check-scaling")
     # an estimator that runs the model needs real weights and inputs; the dispatch counter needs neither
     real = get_estimator(args.estimator).capabilities.real_weights
     model, inputs, name = build(args.model, batch=args.batch, input_shape=args.input_shape,
                                 num_classes=args.num_classes, seq_len=args.seq_len,
                                 device="cpu" if real else args.device, random=real, train=args.train)
     options = {"as_device": args.as_device} if args.as_device != "cpu" else {}
+    if world is not None:
+        options["world"] = world
     with model_errors(name, inputs), counting(f"counting {name}", wanted=not args.no_progress):
         report = count(model, inputs, estimator=args.estimator, backward=not args.no_backward, device=args.device,
                        **options)

@@ -170,6 +170,30 @@ def add_model(p: argparse.ArgumentParser, batch_default: Optional[int] = 1, batc
                        help="token-id inputs of this length (hf: models, or a model whose first op is an embedding)")
 
 
+def add_parallel(p: argparse.ArgumentParser) -> None:
+    """--fsdp/--tp: one rank of a sharded step (FSDP2, tensor parallel) on a fake process group; --pp/--cp are
+    there to be refused in one line rather than misread."""
+    g = p.add_argument_group("sharded training (one rank, counted on a fake process group)")
+    g.add_argument("--fsdp", type=positive_int, default=None, metavar="N",
+                   help="FSDP2 over N ranks (fully_shard per layer); the batch is one rank's")
+    g.add_argument("--tp", type=positive_int, default=None, metavar="M",
+                   help="tensor parallel over M ranks (column/row-wise linears, as torchtitan's Llama plan)")
+    g.add_argument("--pp", type=positive_int, default=None, metavar="N", help="pipeline parallel: not supported")
+    g.add_argument("--cp", type=positive_int, default=None, metavar="N", help="context parallel: not supported")
+
+
+def parallel_world(args) -> Optional[dict]:
+    """The layout --fsdp/--tp ask for (``{"fsdp": N, "tp": M}``), None without them; --pp/--cp above 1 raise."""
+    asked = {k: getattr(args, k, None) for k in ("fsdp", "tp", "pp", "cp")}
+    asked = {k: v for k, v in asked.items() if v is not None}
+    if not asked:
+        return None
+    from ..distributed.layout import layout_of
+
+    layout_of(asked)  # refuses --pp/--cp and bad degrees in one line
+    return {k: v for k, v in asked.items() if k in ("fsdp", "tp")}
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
 

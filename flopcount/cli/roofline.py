@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 
 from ..dtypes import CHOICES as DTYPES
-from .main import (EXIT_OK, add_format, add_model, add_top, fraction, natural_float, natural_int, output_file,
-                   positive_float, positive_int, print_frame, print_json, records, warn)
+from .main import (EXIT_OK, add_format, add_model, add_parallel, add_top, fraction, natural_float, natural_int,
+                   output_file, parallel_world, positive_float, positive_int, print_frame, print_json, records, warn)
 
 
 def add(sub) -> None:
@@ -23,6 +23,7 @@ def add(sub) -> None:
     p.add_argument("--plot", default=None, metavar="OUT.png", type=output_file,
                    help="write a log-log roofline plot of the ops")
     add_top(p)
+    add_parallel(p)  # one rank's step; its collectives take bytes / link bandwidth
     add_format(p)
 
     p = sub.add_parser("overhead", help="time per step along a batch ladder: is the model overhead-bound?")
@@ -51,7 +52,7 @@ def _roofline(args) -> int:
 
     roof = from_spec(args.model, args.device_spec, batch=args.batch, dtype=args.dtype, tf32=args.tf32,
                      measured_seconds=args.measured, input_shape=args.input_shape, num_classes=args.num_classes,
-                     seq_len=args.seq_len)
+                     seq_len=args.seq_len, world=parallel_world(args))
     table = roof.by(args.by)
     if args.format == "json":
         print_json(dict(roof.summary(), by=args.by, groups=records(table.reset_index()), ops=records(roof.ops)))
@@ -111,6 +112,9 @@ def roofline_table(roof, by: str, dtype: str = "", top=None, width=None, color=N
         f"  memory-bound share of roofline time {R.share(roof.memory_bound_share)}  utilization ceiling "
         f"{R.share(roof.utilization_ceiling)} of peak ({R.si(roof.peak_flops, 'FLOP/s')})",
     ]
+    if roof.communication_seconds:
+        title.append(f"  communication {R.seconds(roof.communication_seconds)} of the roofline time (bytes sent / "
+                     f"link bandwidth, not overlapped): {roof.verdict}-bound")
     if roof.measured_seconds is not None:
         title.append(f"  measured {R.seconds(roof.measured_seconds)}: {R.seconds(roof.unexplained_seconds)} "
                      f"({R.share(roof.unexplained_share)}) is neither compute nor bandwidth (overhead, inefficiency)")

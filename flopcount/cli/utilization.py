@@ -6,8 +6,8 @@ import sys
 from typing import List
 
 from ..errors import FlopcountError
-from .main import (EXIT_OK, add_format, add_model, natural_int, positive_float, positive_int, print_frame,
-                   print_json, records)
+from .main import (EXIT_OK, add_format, add_model, add_parallel, natural_int, parallel_world, positive_float,
+                   positive_int, print_frame, print_json, records)
 
 
 def add(sub) -> None:
@@ -22,6 +22,7 @@ def add(sub) -> None:
                    help="one sample, one batch, or an epoch of 4 batches (total FLOPs / total time)")
     p.add_argument("--steps", type=positive_int, default=5, help="timed steps (the median is reported)")
     p.add_argument("--warmup", type=natural_int, default=2, help="untimed warm-up steps")
+    add_parallel(p)  # under torchrun: the launched ranks shard the model instead of DDP
     add_format(p)
 
     p = sub.add_parser("peaks", help="the datasheet peak table, with sources")
@@ -44,7 +45,7 @@ def _utilization(args) -> int:
     u, rank = from_spec(args.model, args.batch or 1, device=args.device, num_classes=args.num_classes,
                         dtype=args.dtype, autocast=args.autocast, steps=args.steps, warmup=args.warmup,
                         peak=args.peak, device_spec=args.device_spec, scope=args.scope, input_shape=args.input_shape,
-                        seq_len=args.seq_len)
+                        seq_len=args.seq_len, world=parallel_world(args))
     if rank != 0:  # under torchrun every rank holds the global figures; one prints them
         return EXIT_OK
     if args.format == "json":

@@ -17,12 +17,16 @@ How it works, and why:
   running on fake tensors of the autocast's device type, where its casts apply as on that device.
 * A forward that needs tensor values fails on meta; the step is then counted on the CPU with real tensors, said in
   one line on stderr and in the report's notes (``fallback.py``).
+* A sharded model (FSDP2, tensor parallel: ``flopcount.distributed``) runs as it is (``AsGiven``), since its hooks
+  swap its parameters during the step; DTensor ops are let through to DTensor, which unwraps them and runs its
+  local ops, counted here; ops run inside ``aside()`` are not ops of the step.
 """
 from __future__ import annotations
 
 import sys
+import threading
 from collections import defaultdict
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from typing import Any, Callable, Dict, Optional
 
 import torch
@@ -48,6 +52,18 @@ _SAME_DTYPE = frozenset(getattr(torch.ops.aten, n) for n in ("mm", "addmm", "bmm
 _get_sequence_nr = torch._C._autograd._get_sequence_nr
 _current_node = torch._C._current_autograd_node
 _NO_SEQUENCE = 2**64 - 1  # AccumulateGrad nodes carry no sequence number
+_aside = threading.local()
+
+
+@contextmanager
+def aside():
+    """Ops run inside this block are not ops of the step and are not counted (DTensor runs each op once more on
+    fake tensors of the global shapes, only to learn its output's shape)."""
+    _aside.depth = getattr(_aside, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _aside.depth -= 1
 
 
 class _OpInfo:
@@ -119,8 +135,10 @@ def _first_tensor(x) -> Optional[torch.Tensor]:
 class _Counter(TorchDispatchMode):
     """Accumulates (module, op, phase, dtype) -> [flops, bytes, calls]."""
 
-    def __init__(self, param_owner: Dict[int, str], simulated_run: bool = False):
+    def __init__(self, param_owner: Dict[int, str], simulated_run: bool = False, unwrap: tuple = ()):
         super().__init__()
+        # tensor subclasses counted through the ops they run on their local tensors (DTensor), never as themselves
+        self.unwrap = tuple(unwrap)
         self.simulated = simulated_run
         self.needs_values: Optional[str] = None  # the op that needed values a simulated run lacks
         self.written = 0  # bytes written by forward ops (the memory estimate of a fallback reads it)
@@ -179,6 +197,10 @@ class _Counter(TorchDispatchMode):
 
     # --- the hook -----------------------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if getattr(_aside, "depth", 0):
+            return func(*args, **(kwargs or {}))
+        if self.unwrap and any(issubclass(t, self.unwrap) for t in types):
+            return NotImplemented  # the subclass unwraps and runs its local ops, which come back here
         kwargs = kwargs or {}
         tick()
         info = self._ops.get(func)
@@ -247,7 +269,8 @@ class _Counter(TorchDispatchMode):
                 res, status = 0, UNCOUNTED
             if isinstance(res, tuple):
                 flops = int(res[0])
-                nbytes = int(res[1]) * (ref.element_size() if ref is not None else 1)
+                # elements may be a Fraction (a collective's ring share): bytes are whole
+                nbytes = int(res[1] * (ref.element_size() if ref is not None else 1))
             else:
                 flops = int(res)
                 out_bytes = _tensor_bytes(out)
@@ -268,20 +291,29 @@ class _Counter(TorchDispatchMode):
         return out
 
 
-def _run(model, inputs, *, backward, loss_fn, device, optimizer, as_device, optimizer_model=None, state=None):
+def _run(model, inputs, *, backward, loss_fn, device, optimizer, as_device, optimizer_model=None, state=None,
+         given=None):
     """One count of the step; returns (counter, phases, notes, stand-in inputs). ``state["counter"]`` keeps the
-    counter for a caller that needs to read it after the run raised."""
-    fake_device = autocast_device() if device == "meta" else None
-    make = StandIns(device, fake_device)
-    named_params = dict(model.named_parameters())
-    stepped = backward and optimizer is not None
-    params = {n: make.param(p, True, stepped) for n, p in named_params.items()}
-    params.update({n: make.param(b, False, True) for n, b in model.named_buffers()})
-    param_owner = {id(params[n]): n.rpartition(".")[0] for n in named_params}
-    inputs = make.inputs(inputs)
-    opt = rebuild_optimizer(optimizer, params, optimizer_model or model) if backward else None
+    counter for a caller that needs to read it after the run raised. ``given`` (an ``AsGiven``): run the model
+    and inputs as they are instead of on stand-ins."""
+    if given is None:
+        fake_device = autocast_device() if device == "meta" else None
+        make = StandIns(device, fake_device)
+        named_params = dict(model.named_parameters())
+        stepped = backward and optimizer is not None
+        params = {n: make.param(p, True, stepped) for n, p in named_params.items()}
+        params.update({n: make.param(b, False, True) for n, b in model.named_buffers()})
+        param_owner = {id(params[n]): n.rpartition(".")[0] for n in named_params}
+        inputs = make.inputs(inputs)
+        opt = rebuild_optimizer(optimizer, params, optimizer_model or model) if backward else None
+        mode, unwrap = make.mode, ()
+    else:
+        fake_device, params = None, None
+        param_owner = {id(p): n.rpartition(".")[0] for n, p in model.named_parameters()}
+        opt = optimizer if backward else None
+        mode, unwrap = given.mode, given.unwrap
 
-    counter = _Counter(param_owner, simulated_run=device == "meta")
+    counter = _Counter(param_owner, simulated_run=device == "meta", unwrap=unwrap)
     counter.checkpointing = {n for n, m in model.named_modules()
                              if n and getattr(m, "gradient_checkpointing", False) is True}
     if state is not None:
@@ -289,13 +321,14 @@ def _run(model, inputs, *, backward, loss_fn, device, optimizer, as_device, opti
     notes = []
     phases = ["forward"] + (["backward"] if backward else [])
     with ExitStack() as stack:
-        if make.mode is not None:
-            stack.enter_context(make.mode)
+        if mode is not None:
+            stack.enter_context(mode)
         if device == "meta":
             stack.enter_context(kernels_as(as_device))
             stack.enter_context(known_values())
         counter.stack = stack.enter_context(module_stack(model, on_change=counter.claim))
-        stack.enter_context(stand_ins(model, params))
+        if params is not None:
+            stack.enter_context(stand_ins(model, params))
         stack.enter_context(torch.enable_grad() if backward else torch.no_grad())
         stack.enter_context(counter)
         output = call_model(model, inputs)
@@ -321,6 +354,16 @@ def _run(model, inputs, *, backward, loss_fn, device, optimizer, as_device, opti
     return counter, phases, notes, inputs
 
 
+class AsGiven:
+    """Count a model as it is (no stand-ins): a model the caller sharded (FSDP2, tensor parallel), whose
+    parameters its hooks swap during the step. ``mode``: a fake-tensor mode the step runs under (its tensors made
+    there); ``unwrap``: tensor subclasses counted through the local ops they run (DTensor)."""
+
+    def __init__(self, mode=None, unwrap: tuple = ()):
+        self.mode = mode
+        self.unwrap = tuple(unwrap)
+
+
 def count_step(
     model: torch.nn.Module,
     inputs,
@@ -332,41 +375,31 @@ def count_step(
     model_name: str = "",
     as_device: str = "cpu",
     fallback_to_cpu: bool = True,
+    given: Optional[AsGiven] = None,
 ) -> FlopReport:
     """Count one training step (forward, and backward/optimizer when asked) of ``model`` on ``inputs``.
 
     On meta (the default), ops with run-time kernel choices take the kernel ``as_device`` ("cpu" or "cuda") would;
     a forward that needs tensor values is counted on the CPU instead (``fallback_to_cpu``), or fails in one line.
-    The caller's model is given back unchanged (``step.preserved``), and the count is the same on every run: the
-    step draws its random numbers from a fixed seed on a fork of torch's generator (``step.seeded``).
+    The caller's model is given back unchanged (``step.preserved``), except with ``given`` (``AsGiven``): the
+    model then runs as it is, on its own parameters and the inputs as passed (no stand-ins, no fallback). The
+    count is the same on every run: the step draws its random numbers from a fixed seed on a fork of torch's
+    generator (``step.seeded``).
     """
     device = str(device)
     name = model_name or type(model).__name__
     meta_extra = {"device": device}
-    with preserved(model), seeded(device):
-        if device != "meta":
+    with seeded(device):
+        if given is not None:
             counter, phases, notes, used = _run(model, inputs, backward=backward, loss_fn=loss_fn, device=device,
-                                                optimizer=optimizer, as_device=as_device)
+                                                optimizer=optimizer, as_device=as_device, given=given)
+            if device == "meta":
+                meta_extra["as"] = as_device
         else:
-            meta_extra["as"] = as_device
-            needed, state = None, {}
-            try:
-                # undone before a fallback: a module that cached meta tensors on itself (an eval-mode detector's
-                # anchors) would hand them to the CPU run
-                with preserved(model):
-                    counter, phases, notes, used = _run(model, inputs, backward=backward, loss_fn=loss_fn,
-                                                        device="meta", optimizer=optimizer, as_device=as_device,
-                                                        state=state)
-            except Exception as exc:
-                failed = state.get("counter")
-                needed = fallback.meta_limit(exc, failed.needs_values if failed is not None else None)
-                if needed is None or not fallback_to_cpu:
-                    raise
-                written = failed.written if failed is not None else 0
-            if needed is not None:
-                counter, phases, notes, used = _on_cpu(model, inputs, name, needed, written, backward=backward,
-                                                       loss_fn=loss_fn, optimizer=optimizer, as_device=as_device)
-                meta_extra = {"device": "cpu", "fallback": needed}
+            with preserved(model):
+                counter, phases, notes, used, meta_extra = _run_protected(
+                    model, inputs, name, backward=backward, loss_fn=loss_fn, device=device, optimizer=optimizer,
+                    as_device=as_device, fallback_to_cpu=fallback_to_cpu)
 
     rows = [
         dict(module=k[0], op=k[1], phase=k[2], dtype=k[3], family=k[4], status=k[5], flops=v[0], bytes=v[1], calls=v[2])
@@ -378,6 +411,35 @@ def count_step(
         estimator="dispatch", phases=phases, notes=notes, meta={**meta_extra, "params": _owned_params(model),
                                                   "module_types": _module_types(model), **_tied(model)},
     )
+
+
+def _run_protected(model, inputs, name, *, backward, loss_fn, device, optimizer, as_device, fallback_to_cpu):
+    """The step on stand-ins, on meta with the CPU fallback where its forward needs values."""
+    meta_extra = {"device": device}
+    if device != "meta":
+        counter, phases, notes, used = _run(model, inputs, backward=backward, loss_fn=loss_fn, device=device,
+                                            optimizer=optimizer, as_device=as_device)
+    else:
+        meta_extra["as"] = as_device
+        needed, state = None, {}
+        try:
+            # undone before a fallback: a module that cached meta tensors on itself (an eval-mode detector's
+            # anchors) would hand them to the CPU run
+            with preserved(model):
+                counter, phases, notes, used = _run(model, inputs, backward=backward, loss_fn=loss_fn,
+                                                    device="meta", optimizer=optimizer, as_device=as_device,
+                                                    state=state)
+        except Exception as exc:
+            failed = state.get("counter")
+            needed = fallback.meta_limit(exc, failed.needs_values if failed is not None else None)
+            if needed is None or not fallback_to_cpu:
+                raise
+            written = failed.written if failed is not None else 0
+        if needed is not None:
+            counter, phases, notes, used = _on_cpu(model, inputs, name, needed, written, backward=backward,
+                                                   loss_fn=loss_fn, optimizer=optimizer, as_device=as_device)
+            meta_extra = {"device": "cpu", "fallback": needed}
+    return counter, phases, notes, used, meta_extra
 
 
 def _on_cpu(model, inputs, name, needed, written, **step):

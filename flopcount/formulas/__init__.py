@@ -130,5 +130,5 @@ def existing(*names: str) -> list:
 # The families register themselves on import; keep this list in step with the modules of this package.
 from . import (  # noqa: E402,F401
     matmul, conv, attention, norm, pooling, pointwise, reduction, memory, rnn, interpolate, selection, detection,
-    recurrent, distance,
+    recurrent, distance, collective,
 )

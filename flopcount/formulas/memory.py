@@ -25,8 +25,8 @@ Formulas for the data-movement ops that also accumulate:
   ``_embedding_bag_per_sample_weights_backward``: per index, the dot product of its bag's gradient with its row,
   2 n D.
 
-Boolean logic (``logical_and/or/not/xor``, ``bitwise_and/or/not/xor``, ``all``, ``any``) is not floating-point
-arithmetic and is declared zero (memory ops: they read and write bytes).
+Boolean logic (``logical_and/or/not/xor``, ``bitwise_and/or/not/xor``, ``&``, ``|``, ``^``, ``all``, ``any``) is
+not floating-point arithmetic and is declared zero (memory ops: they read and write bytes).
 """
 from __future__ import annotations
 
@@ -80,7 +80,8 @@ register_zero(VIEW, ["profiler._record_function_enter", "profiler._record_functi
 register_zero(MEMORY, existing(*MEMORY_OPS))
 BOOLEAN_OPS = tuple(f"{op}{suffix}" for op in ("logical_and", "logical_or", "logical_not", "logical_xor",
                                                "bitwise_and", "bitwise_or", "bitwise_not", "bitwise_xor")
-                    for suffix in ("", "_")) + ("all", "any")
+                    for suffix in ("", "_")) + ("all", "any", "__and__", "__or__", "__xor__", "__iand__", "__ior__",
+                                                "__ixor__")
 register_zero(MEMORY, existing(*BOOLEAN_OPS), family="boolean")
 
 

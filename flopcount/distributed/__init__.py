@@ -1,0 +1,51 @@
+"""Distributed training: several processes measured under torchrun (DDP, FSDP2, tensor parallel), and sharded
+steps counted per rank in one process on a fake process group.
+
+* ``processes``: a process group for a measurement under torchrun, the DDP wrapper, sums over ranks.
+* ``layout``: a parallel layout (FSDP degree, tensor-parallel degree), checked; unsupported layouts refused.
+* ``fake_group``: a fake process group of any world size in this one process, and the device mesh on it.
+* ``plan``: FSDP2 and tensor parallelism applied to a model as torchtitan applies them to a Llama.
+* ``sharded``: one rank's step counted on fake tensors, collectives included (``flopcount.count(..., world=)``).
+"""
+from __future__ import annotations
+
+from .layout import Layout, UnsupportedLayout, layout_of
+from .plan import is_parallelized, ranks_per_batch
+from .processes import launched_group, reduce, world_size, wrap_ddp
+
+__all__ = ["Layout", "UnsupportedLayout", "layout_of", "launched_group", "reduce", "world_size", "wrap_ddp",
+           "count_sharded", "count_parallelized", "is_parallelized", "ranks_per_batch",
+           "shard_launched"]
+
+
+def count_sharded(model, inputs, world, **options):
+    """One rank's training step of ``model`` sharded as ``world`` says (see ``sharded.count_sharded``)."""
+    from .sharded import count_sharded as count
+
+    return count(model, inputs, world, **options)
+
+
+def count_parallelized(model, inputs, **options):
+    """A model sharded by its owner, counted as it is (see ``sharded.count_parallelized``)."""
+    from .sharded import count_parallelized as count
+
+    return count(model, inputs, **options)
+
+
+def shard_launched(model, world, device: str):
+    """``model`` sharded as ``world`` says over the ranks torchrun launched (the process group is up), on a mesh
+    of ``device``'s type: the measured counterpart of ``count_sharded``."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from .plan import parallelize
+
+    layout = layout_of(world)
+    if not dist.is_initialized() or dist.get_world_size() != layout.world:
+        ranks = dist.get_world_size() if dist.is_initialized() else 1
+        raise UnsupportedLayout(f"{layout.describe()} needs {layout.world} ranks and {ranks} are running: "
+                                f"launch it with torchrun --nproc-per-node {layout.world}")
+    dims = layout.dims or {"fsdp": 1}
+    mesh = init_device_mesh(str(device).split(":")[0], tuple(dims.values()), mesh_dim_names=tuple(dims))
+    parallelize(model, layout, mesh)
+    return model

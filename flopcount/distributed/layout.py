@@ -1,0 +1,88 @@
+"""A parallel layout: how many ranks shard the parameters (FSDP2) and how many split each layer (tensor parallel).
+
+World size = fsdp x tp. The mesh is (fsdp, tp) with the tensor-parallel dimension innermost, as torchtitan builds
+it, so that a tensor-parallel group is the ranks of one node. Pipeline parallelism (a rank runs some layers of the
+model, with micro-batches and a schedule) and context parallelism (a rank holds part of each sequence, attention
+exchanging keys and values in a ring) are different programs from the model's own step: they are refused in one
+line, never counted as if they were the step.
+"""
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+from ..errors import FlopcountError
+
+
+class UnsupportedLayout(FlopcountError):
+    """A parallel layout flopcount does not count (pipeline, context parallel) or a degree that is not valid."""
+
+
+_REFUSED = {
+    "pp": "pipeline parallelism",
+    "cp": "context parallelism",
+}
+_NAMES = ("fsdp", "tp") + tuple(_REFUSED)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """``fsdp``: ranks that shard every parameter, gradient and optimizer state (FSDP2, one data-parallel rank
+    each); ``tp``: ranks that split each attention and MLP (tensor parallel). ``reshard_after_forward``: FSDP2
+    frees the gathered parameters after each layer's forward and gathers them again in backward (its default).
+    ``tp_plan``: module path pattern -> "colwise" | "rowwise" | "colwise_rep" instead of the model's own plan."""
+
+    fsdp: int = 1
+    tp: int = 1
+    reshard_after_forward: bool = True
+    tp_plan: Optional[Dict[str, str]] = field(default=None, compare=False)
+
+    def __post_init__(self):
+        for name in ("fsdp", "tp"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                raise UnsupportedLayout(f"--{name} must be a whole number of ranks, 1 or more, not {value!r}")
+
+    @property
+    def world(self) -> int:
+        return self.fsdp * self.tp
+
+    @property
+    def dims(self) -> Dict[str, int]:
+        """The mesh's dimensions of more than one rank, outermost first."""
+        return {n: d for n, d in (("fsdp", self.fsdp), ("tp", self.tp)) if d > 1}
+
+    def describe(self) -> str:
+        return " x ".join(f"{n.upper()} {d}" for n, d in self.dims.items()) or "one rank"
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"fsdp": self.fsdp, "tp": self.tp, "world": self.world}
+
+
+def layout_of(world) -> Layout:
+    """``world`` as a Layout: a Layout, a dict of degrees (``{"fsdp": 64, "tp": 8}``), or an int (FSDP over that
+    many ranks). A pipeline or context-parallel degree above 1 is refused in one line."""
+    if isinstance(world, Layout):
+        return world
+    if isinstance(world, numbers.Integral) and not isinstance(world, bool):
+        return Layout(fsdp=int(world))
+    if isinstance(world, dict):
+        unknown = [k for k in world if k not in _NAMES + ("reshard_after_forward", "tp_plan")]
+        if unknown:
+            raise UnsupportedLayout(f"unknown parallel dimension(s) {', '.join(map(repr, unknown))}; "
+                                    f"flopcount counts fsdp and tp")
+        for key, what in _REFUSED.items():
+            degree = world.get(key, 1)
+            if degree not in (None, 1):
+                raise UnsupportedLayout(refusal(key, degree))
+        return Layout(**{k: v for k, v in world.items() if k not in _REFUSED})
+    raise UnsupportedLayout(f"world must be a Layout, a dict such as {{'fsdp': 8, 'tp': 2}} or a number of ranks, "
+                            f"not {world!r}")
+
+
+def refusal(key: str, degree) -> str:
+    """The one line that refuses an unsupported parallel dimension."""
+    return (f"{_REFUSED[key]} ({key} {degree}) is not supported: flopcount counts one rank of FSDP2 and tensor "
+            f"parallel layouts (--fsdp, --tp); a {_REFUSED[key].split()[0]} rank's step is not the model's step "
+            f"and is not counted as if it were")

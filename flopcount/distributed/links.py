@@ -1,0 +1,43 @@
+"""Which link a collective of a sharded step crosses, and its bandwidth per rank.
+
+The mesh is (fsdp, tp), tensor parallel innermost: rank r is TP rank r mod tp of FSDP rank r div tp. DTensor runs
+the tensor-parallel collectives (``_c10d_functional.*``) on a TP group, ``tp`` consecutive ranks; FSDP2 runs its
+own (``c10d.*``) on an FSDP group, ``fsdp`` ranks ``tp`` apart, which spans (fsdp - 1) x tp + 1 consecutive ranks.
+A group inside one node (its span at most the node's GPUs) rings over NVLink at the GPU's NVLink bandwidth; a group
+across nodes is bound by the network, of which each GPU has its node's bandwidth / GPUs per node (every GPU of a
+node runs its ring at once). Bandwidths are per direction: a ring sends and receives at the same time.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Tuple
+
+from .layout import UnsupportedLayout
+
+NVLINK, NETWORK = "nvlink", "network"
+
+
+def group_of(op: str) -> str:
+    """``"tp"`` for DTensor's functional collectives, ``"fsdp"`` for the process group's own (FSDP2's)."""
+    return "tp" if op.startswith("_c10d_functional") else "fsdp"
+
+
+def span(group: str, fsdp: int, tp: int) -> int:
+    """Consecutive ranks one group of the mesh covers."""
+    return tp if group == "tp" else (fsdp - 1) * tp + 1
+
+
+def link(op: str, world: Mapping[str, int], spec) -> Tuple[str, float]:
+    """(link name, bytes/s per rank in each direction) of collective ``op`` on ``spec``'s machines, for a step
+    sharded as ``world`` (``{"fsdp": F, "tp": T}``; a report of a model sharded by its owner has only ``world``)."""
+    fsdp, tp = int(world.get("fsdp", 0) or 0), int(world.get("tp", 0) or 0)
+    if not fsdp and not tp:  # only the world size is known: every collective spans it
+        fsdp, tp = int(world.get("world", 1) or 1), 1
+    fsdp, tp = max(fsdp, 1), max(tp, 1)
+    gpus = spec.gpus_per_node
+    if not gpus or not spec.nvlink or not spec.network:
+        raise UnsupportedLayout(f"{spec.name} has no link bandwidths in the table (NVLink, network, GPUs per "
+                                "node): a communication roofline needs them; choose a device that has them "
+                                "(`flopcount peaks --format csv`)")
+    if span(group_of(op), fsdp, tp) <= gpus:
+        return NVLINK, float(spec.nvlink)
+    return NETWORK, float(spec.network) / gpus

@@ -1,0 +1,197 @@
+"""FSDP2 and tensor parallelism applied to a model the way torchtitan applies them to a Llama.
+
+Tensor parallel (first, on the mesh's ``tp`` dimension), Megatron-style: in each attention the query, key and
+value projections are column-wise (each rank computes its own heads), the output projection row-wise (its partial
+sums all-reduced); in each MLP the gate and up projections column-wise, the down projection row-wise; the LM head
+column-wise with its logits gathered (replicated) for the loss; the token embedding row-wise (each rank holds a
+slice of the vocabulary, the looked-up rows all-reduced). Norms, rotary embeddings and the loss stay replicated:
+every rank computes them whole. Sequence parallelism (norms sharded on the sequence) is not
+applied. The plan is the model's own where it declares one (transformers' ``base_model_tp_plan`` and ``_tp_plan``:
+Llama, Qwen, Mistral, ...), else the torchtitan names (``attention.wq/wk/wv/wo``, ``feed_forward.w1/w2/w3``,
+``output``), else ``Layout.tp_plan``; styles other than column- and row-wise (packed or expert weights) are refused.
+
+FSDP2 (then, on the ``fsdp`` dimension): ``fully_shard`` on each block of the model's repeated layers (the longest
+``ModuleList`` of one class), then on the root, which holds what is left (embeddings, final norm, LM head). Each
+block's parameters are gathered for its forward, freed, and gathered again for its backward (FSDP2's default,
+``reshard_after_forward``); the root's stay gathered from its forward to its backward (FSDP2's default for a root).
+"""
+from __future__ import annotations
+
+from fnmatch import fnmatch
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from .layout import Layout, UnsupportedLayout
+
+TORCHTITAN_PLAN = {
+    "tok_embeddings": "embedding_rowwise", "layers.*.attention.wq": "colwise",
+    "layers.*.attention.wk": "colwise", "layers.*.attention.wv": "colwise",
+    "layers.*.attention.wo": "rowwise", "layers.*.feed_forward.w1": "colwise",
+    "layers.*.feed_forward.w3": "colwise", "layers.*.feed_forward.w2": "rowwise", "output": "colwise_rep",
+}
+_STYLES = {"colwise", "rowwise", "colwise_rep", "colwise_gather_output", "embedding_rowwise"}
+
+
+def parallelize(model: torch.nn.Module, layout: Layout, mesh) -> List[str]:
+    """Apply ``layout`` to ``model`` in place on ``mesh``; returns notes on what was done."""
+    notes = []
+    if layout.tp > 1:
+        tp_mesh = mesh["tp"] if layout.fsdp > 1 else mesh
+        notes += apply_tensor_parallel(model, tp_mesh, layout)
+    if layout.fsdp > 1:
+        fsdp_mesh = mesh["fsdp"] if layout.tp > 1 else mesh
+        notes += apply_fsdp(model, fsdp_mesh, layout.reshard_after_forward)
+    return notes
+
+
+# --- tensor parallel ------------------------------------------------------------------------------------------------
+def tensor_parallel_plan(model: torch.nn.Module, layout: Layout) -> Dict[str, str]:
+    """Module path pattern -> style, from the layout, the model's own declaration, or torchtitan's names."""
+    if layout.tp_plan:
+        return dict(layout.tp_plan)
+    own = getattr(model, "_tp_plan", None)  # a transformers model's whole plan, its base model's paths prefixed
+    if isinstance(own, dict) and any(k != "lm_head" for k in own):
+        return dict(own)
+    config = getattr(model, "config", None)
+    base_plan = getattr(config, "base_model_tp_plan", None) or {}
+    if base_plan:
+        prefix = getattr(model, "base_model_prefix", "")
+        base = prefix if prefix and isinstance(getattr(model, prefix, None), torch.nn.Module) else ""
+        plan = {(f"{base}." if base else "") + k: v for k, v in base_plan.items()}
+        plan.update(getattr(model, "_tp_plan", None) or {})
+        return plan
+    if any(_matches(model, k) for k in TORCHTITAN_PLAN):
+        return {k: v for k, v in TORCHTITAN_PLAN.items() if _matches(model, k)}
+    raise UnsupportedLayout(f"no tensor-parallel plan for {type(model).__name__}: it declares none "
+                            "(transformers' base_model_tp_plan) and has no torchtitan Llama names; give one as "
+                            "Layout(tp=N, tp_plan={'layers.*.mlp.up': 'colwise', ...}) or parallelize it yourself")
+
+
+def _matches(model, pattern: str) -> List[Tuple[str, torch.nn.Module]]:
+    atoms = pattern.split(".")
+    return [(name, m) for name, m in model.named_modules()
+            if name and len(name.split(".")) == len(atoms) and all(fnmatch(a, p) for a, p in
+                                                                 zip(name.split("."), atoms))]
+
+
+def _tied(model, module) -> bool:
+    """Whether ``module``'s weight is shared with another module (an LM head tied to the input embeddings):
+    sharding it one way would break the tie."""
+    weight = getattr(module, "weight", None)
+    return weight is not None and sum(getattr(m, "weight", None) is weight for m in model.modules()) > 1
+
+
+def apply_tensor_parallel(model: torch.nn.Module, mesh, layout: Layout) -> List[str]:
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    degree = layout.tp
+    _check_heads(model, degree)
+    plan, notes = {}, []
+    for pattern, style in tensor_parallel_plan(model, layout).items():
+        if style not in _STYLES:
+            raise UnsupportedLayout(f"tensor-parallel style {style!r} of {pattern} is not supported (column- and "
+                                    "row-wise linears only: packed and expert weights are not); give "
+                                    "Layout(tp_plan=...) or parallelize the model yourself")
+        for name, module in _matches(model, pattern):
+            kind = torch.nn.Embedding if style == "embedding_rowwise" else torch.nn.Linear
+            if not isinstance(module, kind):
+                raise UnsupportedLayout(f"tensor parallel: {name} is a {type(module).__name__}, not an "
+                                        f"{kind.__name__} ({style})")
+            if style.startswith("colwise") and _tied(model, module):
+                notes.append(f"{name} shares its weight with another module: kept replicated")
+                continue
+            if style == "embedding_rowwise":
+                what, size = "num_embeddings", module.num_embeddings
+            elif style == "rowwise":
+                what, size = "in_features", module.in_features
+            else:
+                what, size = "out_features", module.out_features
+            if size % degree:
+                raise UnsupportedLayout(f"tensor parallel {degree} does not divide {name} ({what} {size})")
+            if style == "embedding_rowwise":
+                if _tied(model, module):
+                    notes.append(f"{name} shares its weight with another module: kept replicated")
+                    continue
+                plan[name] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+            elif style == "rowwise":
+                plan[name] = RowwiseParallel()
+            elif style == "colwise":
+                plan[name] = ColwiseParallel()
+            else:
+                plan[name] = ColwiseParallel(output_layouts=Replicate())
+    if not plan:
+        raise UnsupportedLayout(f"the tensor-parallel plan matches no Linear of {type(model).__name__}")
+    parallelize_module(model, mesh, plan)
+    notes.append(f"tensor parallel {degree}: {len(plan)} modules split column- or row-wise")
+    return notes
+
+
+def _check_heads(model, degree: int) -> None:
+    """Each rank must hold whole attention heads (and whole key/value heads under grouped-query attention)."""
+    config = getattr(model, "config", None)
+    for attr in ("num_attention_heads", "num_key_value_heads"):
+        heads = getattr(config, attr, None)
+        if isinstance(heads, int) and heads % degree:
+            raise UnsupportedLayout(f"tensor parallel {degree} does not divide the model's {attr} ({heads}): "
+                                    "each rank must hold whole heads")
+
+
+# --- FSDP2 ----------------------------------------------------------------------------------------------------------
+def repeated_blocks(model: torch.nn.Module) -> Optional[torch.nn.ModuleList]:
+    """The model's stack of layers: its longest ModuleList whose members are all of one class."""
+    best = None
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) > 0:
+            if len({type(m) for m in module}) == 1 and (best is None or len(module) > len(best)):
+                best = module
+    return best
+
+
+def apply_fsdp(model: torch.nn.Module, mesh, reshard_after_forward: bool = True) -> List[str]:
+    from torch.distributed.fsdp import fully_shard
+
+    blocks = repeated_blocks(model)
+    for block in blocks or ():
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    # the root stays gathered after forward (FSDP2's default for it): its backward starts at once
+    fully_shard(model, mesh=mesh, reshard_after_forward=None if reshard_after_forward else False)
+    return [f"FSDP2 {mesh.size()}: {len(blocks or ())} blocks and the root sharded, "
+            + ("each block gathered again in backward" if reshard_after_forward else "kept gathered after forward")]
+
+
+def is_parallelized(model: torch.nn.Module) -> bool:
+    """Whether the model was sharded already: FSDP2 applied, or a DTensor among its parameters."""
+    import sys
+
+    if "torch.distributed.tensor" not in sys.modules:  # nothing was sharded in this process (and no import cost)
+        return False
+    try:
+        from torch.distributed.fsdp import FSDPModule
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch without torch.distributed
+        return False
+    if any(isinstance(m, FSDPModule) for m in model.modules()):
+        return True
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def ranks_per_batch(model: torch.nn.Module) -> int:
+    """How many ranks run the same batch: the tensor-parallel degree of a sharded model (its DTensors' ``tp``
+    mesh dimension, or their whole mesh where FSDP2 is not applied), else 1."""
+    if not is_parallelized(model):
+        return 1
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    fsdp = any(isinstance(m, FSDPModule) for m in model.modules())
+    for p in model.parameters():
+        if isinstance(p, DTensor):
+            mesh = p.device_mesh
+            names = tuple(mesh.mesh_dim_names or ())
+            if "tp" in names:
+                return mesh.size(names.index("tp"))
+            if not fsdp:
+                return mesh.size()
+    return 1
