@@ -136,7 +136,8 @@ def write_config(tmp_path, base, **changes):
     (GPT2, dict(architectures=["GPT2FooModel"]), "names the architecture 'GPT2FooModel', which transformers"),
     (GPT2, dict(n_positions=0), "n_positions is 0; it must be at least 1"),
     (GPT2, dict(vocab_size=0), "vocab_size is 0; it must be at least 1"),
-    (LLAMA, dict(num_attention_heads=4, num_key_value_heads=3), "num_key_value_heads is 3, which does not divide the 4"),
+    (LLAMA, dict(num_attention_heads=4, num_key_value_heads=3),
+     "num_key_value_heads is 3, which does not divide the 4"),
     (GPT2, dict(n_layer=1_000_000), "n_layer is 1,000,000: past 10,000 layers"),
     (GPT2, dict(n_embd=10 ** 7, n_head=1), "parameters, past the"),
 ])
@@ -161,7 +162,7 @@ def test_on_meta_inputs_a_real_run_rejects_are_rejected():
     for x in (torch.randn(2, 4, dtype=torch.float64), torch.ones(2, 4, dtype=torch.long)):
         with pytest.raises(RuntimeError) as real:
             model(x)
-        with pytest.raises(RuntimeError, match="operands of different dtypes") as meta:
+        with pytest.raises(RuntimeError, match="operands of different dtypes"):
             flopcount.count(model, x)
         assert "dtype" in str(real.value) or "type" in str(real.value)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
@@ -254,7 +255,8 @@ def test_a_hub_id_offline_is_one_line():
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     res = cli("count", "hf:no-such-org/no-such-model", env=env, capture_output=True, text=True)
     assert res.returncode == 2
-    one_error_line(res.stderr.strip().splitlines(), "cannot read the transformers config of 'no-such-org/no-such-model'")
+    one_error_line(res.stderr.strip().splitlines(),
+                   "cannot read the transformers config of 'no-such-org/no-such-model'")
 
 
 def test_ctrl_c_while_torch_imports_is_one_line(tmp_path):
