@@ -1,7 +1,8 @@
 """The kernel a real run would take, for a step counted on meta tensors.
 
 Some ops pick their kernel at run time by device, dtype and shapes: scaled-dot-product attention (a fused kernel or
-the unfused math path) and, on the CPU, the LSTM (oneDNN's whole-sequence kernel or PyTorch's cell by cell). A meta
+the unfused math path) and the recurrent layers (oneDNN's or cuDNN's whole-sequence kernel, or PyTorch's cell by
+cell). A meta
 tensor is on no device, so PyTorch gives it the fallback path, which is not what a real run computes. Here these ops
 are routed as a real run on the *target* device would route them:
 
@@ -13,11 +14,15 @@ are routed as a real run on the *target* device would route them:
   its default order: flash attention (float16/bfloat16, no mask, equal head dims up to 256, grouped-query allowed,
   a causal mask only on a square), else memory-efficient attention (float16/bfloat16/float32, head dims aligned to
   8 for half precision and 4 for float32, masks allowed), else the math path. (Newer GPUs with a recent cuDNN try
-  cuDNN attention first; it is counted by the same per-score formula.) The LSTM takes the cell-by-cell path.
+  cuDNN attention first; it is counted by the same per-score formula.) ``nn.LSTM``, ``nn.GRU`` and ``nn.RNN`` run
+  as one ``_cudnn_rnn`` for the whole stack, as ``at::lstm`` calls it on a CUDA tensor (an LSTM with projections
+  keeps the cell-by-cell path).
+
+On both, an unbatched (3-d) query gets a batch dimension of 1 before the kernel is chosen, as PyTorch adds it.
 
 The swaps are made in ``torch.nn.functional`` (where ``nn.MultiheadAttention`` and the transformers library look
-attention up at call time) and in ``torch._VF`` (where ``nn.LSTM`` looks up its kernel), for the duration of a
-count; tensors that are not meta (or fake) go straight to the original functions.
+attention up at call time) and in ``torch._VF`` (where ``nn.LSTM`` and the other recurrent layers look up their
+kernels), for the duration of a count; tensors that are not meta (or fake) go straight to the original functions.
 """
 from __future__ import annotations
 
