@@ -172,8 +172,7 @@ def _closed_form_reason(kind: str, est: float, ref: float) -> str:
                 "matmuls run: biases as adds, no multiply-add for norm weights, an untied LM head and its bias as "
                 "they are")
     if est == 0:
-        return ("the closed form has no term for these ops: it counts the matmuls of the weights (and of attention) "
-                "only, "
+        return (f"the closed form has no {kind} term: it counts the matmuls of the weights (and of attention) only, "
                 "not norms, activations, softmax, residual adds, embeddings' gathers or the loss")
     return f"a closed form, not a count of {kind} ops"
 
