@@ -1,5 +1,5 @@
-"""Shared by the tests: read one op's FLOPs or calls out of a report, a module that calls one op, and a
-benchmark script run in a subprocess."""
+"""Shared by the tests: read one op's FLOPs or calls out of a report, a module that calls one op, a benchmark
+script run in a subprocess, and the command run in-process with its one-line errors."""
 import os
 import subprocess
 import sys
@@ -54,3 +54,18 @@ class Attn(nn.Module):
 
     def forward(self, q, k, v):
         return self.fn(q * self.s, k * self.s, v * self.s)
+
+
+def run_cli(capsys, *argv):
+    """``flopcount argv`` in this process: (exit code, stdout, stderr lines)."""
+    from flopcount.cli import main
+
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err.strip().splitlines()
+
+
+def one_error_line(err, fragment):
+    """Stderr is exactly one ``flopcount: error:`` line that names ``fragment``, and no bug of flopcount's own."""
+    assert len(err) == 1 and err[0].startswith("flopcount: error:") and fragment in err[0], err
+    assert "Traceback" not in err[0] and "internal error" not in err[0]

@@ -4,17 +4,7 @@ import os
 import pytest
 
 from flopcount.cli import main
-
-
-def run(capsys, *argv):
-    code = main(list(argv))
-    out = capsys.readouterr()
-    return code, out.out, out.err.strip().splitlines()
-
-
-def one_error_line(err, fragment):
-    assert len(err) == 1 and err[0].startswith("flopcount: error:") and fragment in err[0], err
-    assert "Traceback" not in err[0]
+from helpers import one_error_line, run_cli as run
 
 
 def test_a_figure_replaces_a_symlink_instead_of_writing_through_it(tmp_path):

@@ -12,23 +12,13 @@ import torch
 
 import flopcount
 from flopcount.cli import main
+from helpers import one_error_line, run_cli as run
 from flopcount.errors import FlopcountError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 GPT2 = os.path.join(HERE, "fixtures", "hf", "gpt2-tiny", "config.json")
 LLAMA = os.path.join(HERE, "fixtures", "hf", "llama-gqa-tiny", "config.json")
-
-
-def run(capsys, *argv):
-    code = main(list(argv))
-    out = capsys.readouterr()
-    return code, out.out, out.err.strip().splitlines()
-
-
-def one_error_line(err, fragment):
-    assert len(err) == 1 and err[0].startswith("flopcount: error:") and fragment in err[0], err
-    assert "Traceback" not in err[0] and "internal error" not in err[0]
 
 
 def cli(*argv, env=None, **kw):

@@ -20,13 +20,13 @@ How, and why this way:
 from __future__ import annotations
 
 import copy
-import gc
 import warnings
 from contextlib import contextmanager
 from typing import Callable, Optional
 
 import torch
 
+from .. import collector
 from ..errors import FlopcountError
 from ..estimators.dispatch import AsGiven, aside, count_step
 from .fake_group import fake_world
@@ -51,21 +51,6 @@ def global_shapes_aside():
         yield
     finally:
         ShardingPropagator._propagate_tensor_meta_non_cached = original
-
-
-@contextmanager
-def collector_paused():
-    """Python's cycle collector off for the block: a large sharded step makes millions of small objects (fake
-    tensors, DTensor specs) that live until its backward, and the collector's full passes over them grow with the
-    model (a fifth of the time of an 80-layer count). What the step leaves is collected after."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-        gc.collect()
 
 
 def meta_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -113,7 +98,7 @@ def count_sharded(model: torch.nn.Module, inputs, world, *, backward: bool = Tru
         notes = parallelize(sharded, layout, mesh)
         with mode:
             sharded.to_empty(device="cpu")
-        with global_shapes_aside(), warnings.catch_warnings(), collector_paused():
+        with global_shapes_aside(), warnings.catch_warnings(), collector.paused(collect_after=True):
             # FSDP2 warns of a root that returns a view (a transformers output); the count does nothing in place
             warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
             report = count_step(sharded, fake_inputs(inputs, mode), backward=backward, loss_fn=loss_fn,

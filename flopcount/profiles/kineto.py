@@ -20,11 +20,9 @@ run) gives each op its own CPU time instead.
 """
 from __future__ import annotations
 
-import gc
 import gzip
 import json
 import math
-from contextlib import contextmanager
 from math import floor
 import os
 import zlib
@@ -32,6 +30,7 @@ import zlib
 import numpy as np
 import pandas as pd
 
+from .. import collector
 from . import files, markers, sanity
 from .files import ProfileError
 from .launches import LaunchIndex
@@ -115,23 +114,11 @@ def _sizes_text(dims, types, concrete):
         return None
 
 
-@contextmanager
-def _collector_paused():
-    """Python's cyclic collector paused while a trace's millions of dicts and lists are built and read: none of them
-    is in a cycle, yet every collection of the oldest generation walks them all (with it running, parsing a
-    1,000,000-event trace takes five times as long)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
 def load(path) -> Profile:
     """Read a trace into a Profile (ranges: the ops and annotations; kernels: the device activity)."""
-    with _collector_paused():
+    # a trace's millions of dicts and lists are in no cycle, yet each full collection walks them all: with the
+    # collector running, a 1,000,000-event trace parses five times slower
+    with collector.paused():
         return _load(os.fspath(path))
 
 
