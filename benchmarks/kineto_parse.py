@@ -109,6 +109,7 @@ def _cpu() -> float:
 
 def child(mode: str, path: str) -> dict:
     """One measurement in this (fresh) process; its imports are not timed, its peak memory is the process's."""
+    from flopcount import collector
     from flopcount.profiles import kineto
 
     t, c = time.perf_counter(), _cpu()
@@ -117,7 +118,7 @@ def child(mode: str, path: str) -> dict:
         extra = {"ops": int(res.ops["calls"].sum()), "kernels": int(res.ops["kernels"].sum()),
                  "flops": float(res.report.total()) if res.report is not None else 0.0}
     else:
-        with kineto._collector_paused(), gzip.open(path, "rb") as fh:
+        with collector.paused(), gzip.open(path, "rb") as fh:
             json.load(fh)
         extra = {}
     return dict(extra, wall=time.perf_counter() - t, cpu=_cpu() - c,

@@ -23,7 +23,7 @@ _INT_COLUMNS = ("flops", "bytes", "calls")
 # outside its submodules: a residual add, a loss, a class token. It makes every parent the exact sum of its rows.
 OWN = "(own)"
 # Metadata kept on the report but left out of ``to_dict``: the JSON document is a published contract.
-_NOT_SERIALIZED = ("params", "module_types")
+_NOT_SERIALIZED = ("params", "module_types", "module_outputs")
 
 
 @dataclass
@@ -33,7 +33,9 @@ class FlopReport:
     ``phases`` lists the phases this estimator can see; a phase it cannot see is absent from ``phases``
     (never reported as 0). ``notes`` carry what the reader must know (e.g. "backward = 2 x forward").
     ``meta["params"]``, where the estimator knows the model: module path -> parameters that module owns
-    directly (every module, in ``named_modules`` order), from which ``by("module", depth=...)`` builds its tree.
+    directly (every module, in ``named_modules`` order), from which ``by("module", depth=...)`` builds its tree;
+    ``meta["module_types"]`` and ``meta["module_outputs"]`` (module path -> class name, and the shape of what its
+    first forward call returned) label that tree's rows.
     """
 
     frame: pd.DataFrame
@@ -120,7 +122,8 @@ class FlopReport:
             return {}
         full = self.module_tree(depth=max(_depth(p) for p in types))
         full = full[[not p.endswith(OWN) for p in full.index]]
-        signature_cols = [c for c in full.columns if c not in ("depth", "calls")]
+        # folded on what the tree counts; the output shape is a label (blocks of equal FLOPs have equal outputs)
+        signature_cols = [c for c in full.columns if c not in ("depth", "calls", "output")]
         children: Dict[str, list] = {}
         for p in full.index:
             if p:
@@ -162,6 +165,10 @@ class FlopReport:
         ``bytes``, ``calls``. A module shown with its children gets a last child ``PATH.(own)`` (``(own)`` under
         the root) for what it does and owns outside them, where that is not nothing; so every row is exactly
         the sum of the rows one level below it. ``params`` is <NA> where the estimator recorded no parameters.
+        A last column ``output`` is the shape of what the module's first forward call returned, for the batch as
+        run (``64x256x56x56``; a tuple of tensors: its first one's shape and ``(+N)`` for the N others), as the
+        dispatch counter records it; ``""`` for an ``(own)`` row and where none was recorded. A folded run of
+        blocks shows its first block's.
         """
         if isinstance(depth, bool) or not isinstance(depth, numbers.Integral) or depth < 0:
             raise ValueError(f"depth must be an integer >= 0, not {depth!r}")
@@ -171,6 +178,7 @@ class FlopReport:
         known = self.meta.get("params")
         owned = dict(known) if known is not None else {}
         types = dict(self.meta.get("module_types") or {})
+        outputs = dict(self.meta.get("module_outputs") or {})
         runs: Dict[str, int] = {}
         if collapse:
             folded = self.collapsed_paths()
@@ -183,6 +191,10 @@ class FlopReport:
             owned = merged
             flat = flat[values].groupby([shown[p] for p in flat.index], sort=False).sum()
             types = {shown.get(p, p): t for p, t in types.items() if p in shown}
+            first_outputs: Dict[str, str] = {}
+            for p, o in outputs.items():  # in call order: the run's first block ran first
+                first_outputs.setdefault(shown.get(p, p), o)
+            outputs = first_outputs
         paths = list(owned) + [m for m in flat.index if m not in owned]
 
         order: Dict[str, int] = {}
@@ -221,6 +233,7 @@ class FlopReport:
         tree = tree[["depth", "params"] + values].astype("int64")
         if known is None:
             tree["params"] = pd.array([pd.NA] * len(tree), dtype="Int64")
+        tree["output"] = [outputs.get(p, "") for p in tree.index]
         tree.attrs["types"] = {p: types[p] for p in tree.index if p in types}
         tree.attrs["runs"] = runs  # a folded path -> how many blocks it stands for
         tree.attrs["tied"] = dict(self.meta.get("tied") or {})

@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 import numbers
 from contextlib import contextmanager
-from typing import Callable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
@@ -182,11 +182,13 @@ def call_model(model, inputs):
 
 
 @contextmanager
-def module_stack(model, on_change: Optional[Callable[[], None]] = None) -> Iterator[List[str]]:
+def module_stack(model, on_change: Optional[Callable[[], None]] = None,
+                 on_output: Optional[Callable[[str, Any], None]] = None) -> Iterator[List[str]]:
     """A list whose last element is the dotted path of the module now running (the root is ``""``).
 
     ``on_change()`` is called at every module's entry and exit, before the stack changes (the counter tags the
-    autograd nodes made so far with the module that made them)."""
+    autograd nodes made so far with the module that made them). ``on_output(path, output)`` is called with what
+    each submodule's forward returned (``None`` when it raised), at every call."""
     stack = [""]
     handles = []
 
@@ -198,6 +200,8 @@ def module_stack(model, on_change: Optional[Callable[[], None]] = None) -> Itera
     def post(m, a, o):
         if on_change is not None:
             on_change()
+        if on_output is not None:
+            on_output(stack[-1], o)
         stack.pop()
 
     for name, mod in model.named_modules():

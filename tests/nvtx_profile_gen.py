@@ -14,6 +14,10 @@ the nvtx package's ranges leave in an export: the domain's creation (NvtxDomainC
 push/pop ranges of registered strings (``textId`` -> StringIds, no inline text) with their colour, nested per
 thread, at the very points of the op stream where the annotator called the package.
 
+With ``generate_user_ranges`` the same stand-in marks a user's own ranges instead, named by module path around
+chosen modules' forward, in the default domain with inline text (as ``torch.cuda.nvtx.range_push`` leaves them) or
+in a domain of the user's, with or without a prefix before the path.
+
 What is not reproduced: ``input_op_ids`` (torch.profiler does not record op outputs, so producers are unknown);
 real timestamps (ranges get synthetic, strictly nested times); GPU-only inner ops (cudnn_convolution); the CPU
 kernels' own inner ops (mkldnn_convolution) appear instead.
@@ -177,8 +181,12 @@ def _does_work(ev) -> bool:
     return True
 
 
-def build_rows(roots, *, record_shapes: bool = True, kernels_per_op=(1, 2), orphan_kernels: int = 0):
-    """Op tree -> (nvtx rows, runtime rows, kernel rows, strings) in the Nsight schema."""
+def build_rows(roots, *, record_shapes: bool = True, kernels_per_op=(1, 2), orphan_kernels: int = 0,
+               domain: Optional[str] = "flopcount"):
+    """Op tree -> (nvtx rows, runtime rows, kernel rows, strings) in the Nsight schema. The ranges a
+    ``MarkingDomain`` marked are in the domain ``domain`` (registered strings, the nvtx package's way), or with
+    ``domain=None`` in the default domain with inline text, as a user's own ``torch.cuda.nvtx.range_push`` leaves
+    them."""
     nvtx, runtime, kernels = [], [], []
     strings = {}
     open_ranges = {}  # thread -> the annotator's ranges pushed and not yet popped
@@ -200,7 +208,10 @@ def build_rows(roots, *, record_shapes: bool = True, kernels_per_op=(1, 2), orph
             stack.append((clock[0], "|".join(parts[2:-1]), int(parts[1])))
         else:
             start, text, color = stack.pop()
-            nvtx.append((start, clock[0], 59, None, thread, sid(text), ANNOTATION_DOMAIN_ID, color))
+            if domain is None:
+                nvtx.append((start, clock[0], 59, text, thread))
+            else:
+                nvtx.append((start, clock[0], 59, None, thread, sid(text), ANNOTATION_DOMAIN_ID, color))
         clock[0] += 10
 
     def visit(ev, tid):
@@ -238,7 +249,7 @@ def build_rows(roots, *, record_shapes: bool = True, kernels_per_op=(1, 2), orph
         visit(root, AUTOGRAD_TID if backward else MAIN_TID)
     if any(row[6] == ANNOTATION_DOMAIN_ID for row in nvtx if len(row) > 6):
         # the package creates its domain once per process, before the domain's first range
-        nvtx.append((999_000, None, 75, "flopcount", global_tid(PID, MAIN_TID), None, ANNOTATION_DOMAIN_ID, None))
+        nvtx.append((999_000, None, 75, domain, global_tid(PID, MAIN_TID), None, ANNOTATION_DOMAIN_ID, None))
     for k in range(orphan_kernels):  # launched before the capture window: no runtime row
         kernels.append((clock[0] + k * 200, clock[0] + k * 200 + 50, 0, 1, 7, 10_000_000 + k, PID << 24,
                         sid("void flopcount_synthetic::orphan_kernel<float>(int)"), sid("orphan_kernel"), 1, 1, 1, 32, 1, 1))
@@ -358,6 +369,26 @@ def generate_annotated(model, step, path, *, steps: int = 2, record_shapes=True,
     if not emit_nvtx:
         nvtx = [row for row in nvtx if len(row) > 5]
     return write_sqlite(path, nvtx, runtime, kernels, strings)
+
+
+def generate_user_ranges(model, step, path, modules, *, domain: Optional[str] = None, prefix: str = "") -> str:
+    """A profile of one call of ``step()`` where the user pushed a range named ``prefix`` + each module path in
+    ``modules`` around that module's forward (hooks standing in for ``torch.cuda.nvtx.range_push(path)`` /
+    ``range_pop()``), on the thread that runs the forward; in the default domain (``domain=None``) or a domain of
+    that name."""
+    marker = MarkingDomain()
+    named = dict(model.named_modules())
+    handles = []
+    for name in modules:
+        handles.append(named[name].register_forward_pre_hook(
+            lambda m, a, name=name: marker.push_range((prefix + name, 0))))
+        handles.append(named[name].register_forward_hook(lambda m, a, o: marker.pop_range()))
+    try:
+        rows = build_rows(record(step), orphan_kernels=0, domain=domain)
+    finally:
+        for h in handles:
+            h.remove()
+    return write_sqlite(path, *rows)
 
 
 def main(argv=None):

@@ -135,8 +135,10 @@ def count_table(report, by: str, *, depth=None, top=None, width=None, color=None
         label = [_tree_label(m, d, report.model) + (f" (x{runs[m]})" if m in runs else "")
                  for m, d in zip(g.index, g["depth"])]
         tied_owners = {_tied_module(name): first for name, first in tree.attrs["tied"].items()}
-        g = g.assign(module=label, type=[types.get(m, "") + ("*" if m in tied_owners else "") for m in g.index])
+        g = g.assign(module=label, type=[types.get(m, "") + ("*" if m in tied_owners else "") for m in g.index],
+                     output=g["output"].fillna(""))  # the "other" row of --top has no output
         key = [R.Col("module")] + ([R.Col("type", drop=8)] if types else [])
+        key += [R.Col("output", drop=8)] if g["output"].astype(bool).any() else []
         key += [R.Col("params", R.PARAMS, drop=7)] if g["params"].notna().any() else []
         notes[:0] = [f"* {name} is {first} (tied): counted once, under {_tied_module(first) or 'the root'}"
                      for name, first in tree.attrs["tied"].items() if _tied_module(name) in set(g.index)]

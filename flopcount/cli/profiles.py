@@ -15,16 +15,22 @@ def add(sub) -> None:
     p.add_argument("profile", help="PROFILE.sqlite (nsys export --type sqlite)")
     p.add_argument("--naive", action="store_true", help="count the way the 2021 study's tool did")
     p.add_argument("--by", choices=("op", "step", "phase", "module") + KERNEL_KEYS, default="op",
-                   help="op: emit_nvtx markers; step, phase, module: the ranges flopcount.nvtx.annotate marked; "
-                        "device, stream, kernel: the kernels, where they ran (a multi-GPU export per GPU)")
+                   help="op: emit_nvtx markers; step, phase, module: the ranges flopcount.nvtx.annotate marked "
+                        "(module: else your own ranges named by module path, layer1.0.conv1); device, stream, "
+                        "kernel: the kernels, where they ran (a multi-GPU export per GPU)")
+    p.add_argument("--module-ranges", metavar="DOMAIN_OR_PREFIX", default=None,
+                   help="--by module from your own NVTX ranges: those of this domain, or those whose text is this "
+                        "prefix + a module path (default: flopcount.nvtx's, else the default domain's ranges named "
+                        "like a module path)")
     add_top(p)
     add_format(p)
 
     p = sub.add_parser("trace", help="per-op FLOPs, device time and FLOP/s from a torch.profiler trace")
     p.add_argument("profile", metavar="TRACE", help="TRACE.json or TRACE.json.gz (torch.profiler, record_shapes=True)")
     p.add_argument("--naive", action="store_true", help="every kernel x every enclosing op, as the 2021 study")
-    p.add_argument("--by", choices=("op", "phase") + KERNEL_KEYS, default="op",
-                   help="op, phase, or the kernels by device, stream or kernel name")
+    p.add_argument("--by", choices=("op", "phase", "module") + KERNEL_KEYS, default="op",
+                   help="op, phase, or the kernels by device, stream or kernel name (module: not from a trace, "
+                        "see `flopcount nsys --by module`)")
     add_top(p)
     add_format(p)
 
@@ -42,10 +48,16 @@ def run(args) -> int:
     if args.command == "trace":
         from ..profiles import kineto
 
+        if args.by == "module":  # said before the trace is read: a large one takes seconds
+            raise UsageError("trace --by module: this reader does not group ops by record_function ranges "
+                             "(user_annotation events) yet; record the step with nsys and your own NVTX ranges "
+                             "named by module path, then `flopcount nsys PROFILE --by module`")
         a = kineto.analyze(args.profile, naive=args.naive)
         if args.by == "phase":
             return _by_phase(args, a)
         return _by_kernels(args, a) if args.by in KERNEL_KEYS else _print(args, a, "trace")
+    if args.module_ranges is not None and args.by != "module":
+        raise UsageError("--module-ranges applies to --by module")
     if args.by in KERNEL_KEYS:
         from ..profiles import analyze
 
@@ -215,7 +227,7 @@ def _annotated(args) -> int:
 
     if args.naive:
         raise UsageError("--naive counts ops: use it with --by op")
-    ann = load(args.profile)
+    ann = load(args.profile, by=args.by, module_ranges=args.module_ranges)
     table = ann.by(args.by)
     seconds = ann.step_seconds()
     if args.format == "json":

@@ -132,6 +132,31 @@ def _first_tensor(x) -> Optional[torch.Tensor]:
     return None
 
 
+def _tensors_in(x, found: list) -> list:
+    """Every tensor in ``x`` (a tensor, or tuples, lists and dicts of them at any depth, a transformers
+    ``ModelOutput`` among them), in order."""
+    if isinstance(x, torch.Tensor):
+        found.append(x)
+    elif isinstance(x, (list, tuple)):
+        for e in x:
+            _tensors_in(e, found)
+    elif isinstance(x, dict):
+        for e in x.values():
+            _tensors_in(e, found)
+    return found
+
+
+def shape_label(output) -> str:
+    """A module's output as the module tree shows it: one tensor's shape ``64x256x56x56`` (``scalar`` for a
+    0-d tensor); a tuple, list or dict of tensors: its first tensor's shape and how many more follow
+    (``8x20x64 (+2)``, an LSTM's output and its (h, c)); no tensor at all: ``""``."""
+    tensors = _tensors_in(output, [])
+    if not tensors:
+        return ""
+    first = "x".join(str(int(d)) for d in tensors[0].shape) or "scalar"
+    return first if len(tensors) == 1 else f"{first} (+{len(tensors) - 1})"
+
+
 class _Counter(TorchDispatchMode):
     """Accumulates (module, op, phase, dtype) -> [flops, bytes, calls]."""
 
@@ -151,6 +176,13 @@ class _Counter(TorchDispatchMode):
         self._seq_owner: Dict[int, str] = {}
         self._next_seq = _get_sequence_nr()  # the first autograd node not yet tagged
         self._param_owner = param_owner
+        self.outputs: Dict[str, str] = {}  # module path -> its first forward call's output (``shape_label``)
+
+    def record_output(self, module: str, output) -> None:
+        """The output of a module's first call only: a module called again (a shared activation, a checkpointed
+        layer's recompute in backward) keeps the shape of the call that came first in the forward."""
+        if module not in self.outputs and output is not None:
+            self.outputs[module] = shape_label(output)
 
     # --- module attribution -------------------------------------------------------------------------------
     def _module_of_node(self, node) -> str:
@@ -326,12 +358,14 @@ def _run(model, inputs, *, backward, loss_fn, device, optimizer, as_device, opti
         if device == "meta":
             stack.enter_context(kernels_as(as_device))
             stack.enter_context(known_values())
-        counter.stack = stack.enter_context(module_stack(model, on_change=counter.claim))
+        counter.stack = stack.enter_context(module_stack(model, on_change=counter.claim,
+                                                         on_output=counter.record_output))
         if params is not None:
             stack.enter_context(stand_ins(model, params))
         stack.enter_context(torch.enable_grad() if backward else torch.no_grad())
         stack.enter_context(counter)
         output = call_model(model, inputs)
+        counter.record_output("", output)  # the root is not hooked: its output is what the call returned
         if backward:
             loss = (loss_fn or default_loss)(output)
             check_loss(loss, "loss_fn" if loss_fn is not None else "the default loss")
@@ -409,7 +443,9 @@ def count_step(
     return FlopReport.from_rows(
         rows, model=name, batch_size=batch_size_of(used, default=None),
         estimator="dispatch", phases=phases, notes=notes, meta={**meta_extra, "params": _owned_params(model),
-                                                  "module_types": _module_types(model), **_tied(model)},
+                                                  "module_types": _module_types(model),
+                                                                "module_outputs": dict(counter.outputs),
+                                                                **_tied(model)},
     )
 
 

@@ -18,9 +18,18 @@ What is charged to a range:
   belong to the root ``""`` (the loss and the optimizer), as in ``flopcount count --by module``.
 
 Tables are per step: the mean over the marked steps (the profile's totals where no step is marked).
+
+A user's own ranges can stand for modules instead (``--by module`` only; no steps, no phases): ranges whose text is
+a dotted module path (``layer1.0.conv1``: identifiers and numbers joined by dots), taken from a domain of the user's
+(``module_ranges="myapp"``), from any domain after a prefix (``module_ranges="module: "`` reads ``module:
+layer1.0`` as ``layer1.0``), or, where the file has no ``flopcount`` ranges, from the default domain as they are
+(what ``torch.cuda.nvtx.range_push("layer1.0")`` leaves). Each op and kernel goes to the innermost such range open
+on its own thread at its start, as for the annotator's module ranges. emit_nvtx's own ranges name ops
+(``aten::addmm, seq = ...``), never modules, so they never match.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -35,6 +44,8 @@ from .ranges import innermost, nest
 _DOMAIN_CREATE = 75
 NO_MARKERS = "no emit_nvtx markers in this profile: GPU times only, no FLOPs"
 NO_SHAPES = "the emit_nvtx markers were recorded without shapes: GPU times only, no FLOPs"
+# A range text that names a module: ``layer1.0.conv1``, ``0`` (a Sequential's first child): names joined by dots
+MODULE_PATH = re.compile(r"[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)*")
 
 
 def _enum(con, path) -> dict:
@@ -198,7 +209,8 @@ class Annotations:
 
     def _by_module(self) -> pd.DataFrame:
         m = self.ranges[(self.ranges["kind"] == "module")]
-        fwd = m[m["direction"] == "forward"]
+        # calls: the annotator's forward ranges; a user's ranges say no direction, and each is a call
+        fwd = m[m["direction"] != "backward"]
         has_phases = (self.ranges["kind"] == "phase").any()
 
         def in_pass(f):  # forward and backward: the optimizer and the gaps between steps are not a module's
@@ -253,21 +265,57 @@ def _charge(lanes: pd.DataFrame, lane, times, column: str, default):
     return np.where(idx >= 0, values[np.maximum(idx, 0)] if len(values) else default, default)
 
 
-def read(profile, analysis=None, domain: str = DOMAIN) -> Annotations:
+def user_module_ranges(path, module_ranges: Optional[str] = None) -> tuple:
+    """(the user's module ranges of ``path`` as ``read`` keeps ranges, the rule in words). ``module_ranges``: a
+    domain's name (every range of that domain named like a module path), else a prefix (ranges of any domain but
+    flopcount's whose text starts with it, the rest naming the module); None: the default domain's ranges named
+    like a module path."""
+    rng = read_ranges(path)
+    rng = rng[rng["domain"] != DOMAIN]
+    if module_ranges is None:
+        # the default domain is id 0; a domain whose creation the file lacks also has no name, but is not it
+        default = np.array([i is None or i != i or int(i) == 0 for i in rng["domain_id"]], bool)
+        picked, names = rng[default], rng.loc[default, "text"]
+        rule = "the default domain's NVTX ranges named like a module path"
+    elif module_ranges and (rng["domain"] == module_ranges).any():
+        picked, names = rng[rng["domain"] == module_ranges], rng.loc[rng["domain"] == module_ranges, "text"]
+        rule = f"the NVTX ranges of the domain {module_ranges!r}"
+    else:
+        hit = rng["text"].str.startswith(module_ranges)
+        picked, names = rng[hit], rng.loc[hit, "text"].str[len(module_ranges):].str.strip()
+        rule = f"the NVTX ranges named {module_ranges!r} + a module path"
+    keep = names.map(lambda t: MODULE_PATH.fullmatch(t) is not None).to_numpy(bool)
+    picked = picked[keep].copy()
+    picked["kind"] = "module"
+    picked["name"] = names[keep].to_numpy(object)
+    picked["direction"] = ""  # a user's range says nothing of forward or backward: the ops inside say it
+    return picked.reset_index(drop=True), rule
+
+
+def read(profile, analysis=None, domain: str = DOMAIN, module_ranges: Optional[str] = None,
+         user_ranges: bool = False) -> Annotations:
     """The annotator's ranges of ``profile`` (a path or a loaded ``nsys.Profile``) with the kernels and the ops'
-    FLOPs charged to them; ``analysis`` is ``analyze(profile)`` where the caller has it already."""
+    FLOPs charged to them; ``analysis`` is ``analyze(profile)`` where the caller has it already. With
+    ``user_ranges`` (or a ``module_ranges`` rule, see ``user_module_ranges``), the user's module ranges instead."""
     prof = profile if isinstance(profile, nsys.Profile) else nsys.load(profile)
     if analysis is None and len(prof.ranges):
         from .analyze import analyze
 
         analysis = analyze(prof)
-    rng = read_ranges(prof.path, domain)
-    parsed = [parse_text(t) for t in rng["text"]]
-    rng["kind"] = [p[0] for p in parsed]
-    rng["name"] = [p[1] for p in parsed]
-    rng["direction"] = [p[2] for p in parsed]
-    rng = rng[rng["kind"] != "other"].reset_index(drop=True)
     notes = []
+    if user_ranges or module_ranges is not None:
+        rng, rule = user_module_ranges(prof.path, module_ranges)
+        if len(rng):
+            notes.append(f"modules from {rule}: each op and kernel goes to the innermost one open on its thread; "
+                         "work on a thread with none open (a GPU's backward, on the autograd engine's) is the "
+                         "root's")
+    else:
+        rng = read_ranges(prof.path, domain)
+        parsed = [parse_text(t) for t in rng["text"]]
+        rng["kind"] = [p[0] for p in parsed]
+        rng["name"] = [p[1] for p in parsed]
+        rng["direction"] = [p[2] for p in parsed]
+        rng = rng[rng["kind"] != "other"].reset_index(drop=True)
     steps = _lanes(rng[rng["kind"] == "step"], rng.loc[rng["kind"] == "step", "proc"])
     phases = _lanes(rng[rng["kind"] == "phase"], rng.loc[rng["kind"] == "phase", "proc"])
     modules = _lanes(rng[rng["kind"] == "module"], rng.loc[rng["kind"] == "module", "tid"])
@@ -311,11 +359,32 @@ def read(profile, analysis=None, domain: str = DOMAIN) -> Annotations:
     return Annotations(path=prof.path, ranges=rng, kernels=kernels, ops=ops, steps=max(n_steps, 1), notes=notes)
 
 
-def load(path, domain: str = DOMAIN) -> Annotations:
-    """Read ``path`` once: its kernels, its emit_nvtx ops (where it has any) and the annotator's ranges.
-    Raises ProfileError where the file holds none of the annotator's ranges."""
+def load(path, domain: str = DOMAIN, by: Optional[str] = None, module_ranges: Optional[str] = None) -> Annotations:
+    """Read ``path`` once: its kernels, its emit_nvtx ops (where it has any) and the annotator's ranges. For
+    ``by="module"``: the user's module ranges instead where ``module_ranges`` is given, or where the file has none
+    of the annotator's ranges (see ``user_module_ranges``). Raises ProfileError where the file holds no such
+    ranges."""
     prof = nsys.load(path)
-    ann = read(prof, domain=domain)
+    analysis = None
+    if len(prof.ranges):
+        from .analyze import analyze
+
+        analysis = analyze(prof)
+    if module_ranges is not None:
+        ann = read(prof, analysis, module_ranges=module_ranges)
+        if ann.ranges.empty:
+            raise nsys.ProfileError(f"{prof.path}: no NVTX range named like a module path (layer1.0.conv1) in a "
+                                    f"domain {module_ranges!r}, nor one named {module_ranges!r} + a module path")
+        return ann
+    ann = read(prof, analysis, domain=domain)
+    if ann.ranges.empty and by == "module":
+        ann = read(prof, analysis, user_ranges=True)
+        if ann.ranges.empty:
+            raise nsys.ProfileError(
+                f"{prof.path}: no ranges of the NVTX domain {domain!r} and none named like a module path "
+                "(emit_nvtx's name ops, not modules): mark the loop with flopcount.nvtx.annotate, or push a range "
+                "named by module path (layer1.0.conv1) around each module, with --module-ranges DOMAIN_OR_PREFIX "
+                "where they are in a domain of their own or carry a prefix")
     if ann.ranges.empty:
         raise nsys.ProfileError(f"{prof.path}: no ranges of the NVTX domain {domain!r}: mark the training loop with "
                                 "flopcount.nvtx.annotate (see README, 'Annotating your own loop')")
