@@ -49,9 +49,11 @@ def count(model, inputs, *, estimator: str = "dispatch", backward: bool = True, 
     being one data-parallel rank's batch; collectives are ops of the ``collective`` family with the bytes the rank
     sends. A model sharded already (``fully_shard``, ``parallelize_module``) is counted as it is.
     """
+    from .api_checks import check_model
     from .estimators.base import make_request, run
     from . import distributed
 
+    check_model(model)  # before the sharding checks, which walk its modules
     if world is not None or distributed.is_parallelized(model):
         if estimator != "dispatch" or options.keys() - {"as_device"}:
             raise EstimatorError("a sharded step is counted by the dispatch estimator only, with as_device= as "

@@ -232,7 +232,7 @@ def test_cli_depth_1_lists_the_children_with_their_parameters(resnet50, capsys, 
     for name in names:
         params = sum(p.numel() for p in model.get_submodule(name).parameters())
         assert rows[name][1] == type(model.get_submodule(name)).__name__  # the layer type, then its parameters
-        assert " ".join(rows[name][2:4]).startswith(R.si(params)), (name, rows[name])
+        assert " ".join(rows[name][3:5]).startswith(R.si(params)), (name, rows[name])
     assert main(["count", "resnet50", "--by", "module", "--depth", "1", "--format", "csv"]) == 0
     csv = pd.read_csv(io.StringIO(capsys.readouterr().out), keep_default_na=False).set_index("module")
     for name in names:

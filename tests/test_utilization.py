@@ -113,10 +113,10 @@ def test_precision_mix_tf32_per_family_and_effective_peak_by_hand():
 
 
 def test_unknown_gpu_is_an_error_not_a_fallback(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA B200")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA Z900")
     with pytest.raises(UnknownDevice) as exc:
         resolve_peak({"bf16": 1.0}, device=torch.device("cuda", 0))
-    assert "NVIDIA B200" in str(exc.value) and "--device-spec" in str(exc.value) and "--peak" in str(exc.value)
+    assert "NVIDIA Z900" in str(exc.value) and "--device-spec" in str(exc.value) and "--peak" in str(exc.value)
 
 
 def test_known_gpu_by_reported_name(monkeypatch):
@@ -235,7 +235,7 @@ def test_cli_table(model_file, capsys, half_second_steps):
 
 
 def test_cli_unknown_device_spec(model_file, capsys):
-    rc = cli.main(["utilization", model_file, "--batch", "2", "--device-spec", "B200"])
+    rc = cli.main(["utilization", model_file, "--batch", "2", "--device-spec", "Z900"])
     err = capsys.readouterr().err
     assert rc == 2 and "--peak" in err and len(err.strip().splitlines()) == 1
 
