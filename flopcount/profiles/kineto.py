@@ -6,7 +6,8 @@ What a trace gives, per event (``ph: "X"``, times in microseconds):
   of sizes), ``Input type``, ``Concrete Inputs`` (the scalar arguments' values, in recent PyTorch) and
   ``Sequence number``; a backward node (``AddmmBackward0``) carries the forward op's sequence number and
   ``Fwd thread id``, the profiler's number of the thread the forward op ran on;
-* ``user_annotation``: ``Optimizer.step#SGD.step`` and the like (the optimizer phase), ``ProfilerStep#N``;
+* ``user_annotation``: ``Optimizer.step#SGD.step`` and the like (the optimizer phase), ``ProfilerStep#N``, and
+  the user's own ``record_function`` ranges (``gpu_user_annotation`` is their device-side copy, not read);
 * ``cuda_runtime`` / ``cuda_driver``: the launch on the CPU side, with its ``correlation`` id;
 * ``kernel``, ``gpu_memcpy``, ``gpu_memset``: device activity with the ``correlation`` of its launch;
 * ``deviceProperties`` (top level): the GPUs' names.
@@ -16,7 +17,8 @@ Nsight reader makes, so one analysis (de-duplication, FLOPs per distinct call, k
 their launch) serves both. Sequence numbers are per forward thread: a forward op's number is keyed by its thread,
 and a backward node's by the thread its ``Fwd thread id`` names, found as the forward thread whose ops carry most
 of that id's numbers (the profiler's thread numbers are not OS thread ids). A trace with no device activity (a CPU
-run) gives each op its own CPU time instead.
+run) gives each op its own CPU time instead. Each range keeps its event category (``cat``: ``cpu_op`` or
+``user_annotation``), so that only annotations, never ops or autograd nodes, can stand for modules.
 """
 from __future__ import annotations
 
@@ -219,10 +221,10 @@ def _load(path: str) -> Profile:
                 skip("op with malformed Input Dims")
         # half-open: with whole-microsecond times an op that ends as the next begins would seem to enclose it
         rows.append((start, start + max(dur - 1, 0), threads.setdefault(thread, len(threads)), name, seq, fwd_tid,
-                     sizes))
+                     sizes, cat))
     if not rows:
         raise ProfileError(f"{path}: no cpu_op events: record the trace with torch.profiler (CPU activity on)")
-    start, end, tid, name, seq, fwd_tid, sizes = zip(*rows)
+    start, end, tid, name, seq, fwd_tid, sizes, cats = zip(*rows)
     del rows
     ranges = pd.DataFrame({"start": np.array(start, np.int64), "end": np.array(end, np.int64),
                            "tid": np.array(tid, np.int64), "seq": np.array(seq, np.int64),
@@ -230,7 +232,8 @@ def _load(path: str) -> Profile:
     ranges["seq"] = _keyed_seq(ranges)
     ranges["name"] = pd.Categorical(np.array(name, dtype=object))
     ranges["sizes"] = pd.Categorical(np.array(sizes, dtype=object))
-    ranges = sort_ranges(ranges[["start", "end", "tid", "name", "seq", "sizes"]])
+    ranges["cat"] = pd.Categorical(np.array(cats, dtype=object), categories=sorted(RANGE_CATS))
+    ranges = sort_ranges(ranges[["start", "end", "tid", "name", "seq", "sizes", "cat"]])
     kernels = _kernels(device, launches)
     devices = [str(d.get("name", "")) for d in meta.get("deviceProperties", []) or [] if isinstance(d, dict)]
     notes = ["no device activity in this trace: each op's time is its own CPU time"] if not device else []
