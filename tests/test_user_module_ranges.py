@@ -106,14 +106,6 @@ def test_refusals_are_one_line(exports, capsys, argv, fragment):
     assert fragment in err and "\n" not in err
 
 
-def test_trace_by_module_refuses_in_one_line(tmp_path, capsys):
-    trace = tmp_path / "t.json"
-    trace.write_text("{}")
-    assert cli(["trace", str(trace), "--by", "module"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "record_function ranges" in err and "flopcount nsys PROFILE --by module" in err and "\n" not in err
-
-
 @pytest.mark.skipif(not REAL.exists(), reason="real nsys fixtures missing (tests/fixtures/nsys)")
 def test_nccl_ranges_of_an_unnamed_domain_are_not_modules(capsys):
     # the real export's NCCL ranges (ncclSend, ...) sit in a domain whose creation the capture window cut off: a

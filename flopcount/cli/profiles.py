@@ -1,5 +1,6 @@
 """``flopcount nsys PROFILE.sqlite`` and ``flopcount trace TRACE.json[.gz]`` (per-op FLOPs and device time of a
-recorded step; with ``--by step|phase|module``, of the steps, phases and modules flopcount.nvtx marked) and
+recorded step; with ``--by step|phase|module``, of the steps, phases and modules flopcount.nvtx marked, or for
+``--by module`` a user's own NVTX or record_function ranges named by module path) and
 ``flopcount capture``."""
 from __future__ import annotations
 
@@ -29,8 +30,11 @@ def add(sub) -> None:
     p.add_argument("profile", metavar="TRACE", help="TRACE.json or TRACE.json.gz (torch.profiler, record_shapes=True)")
     p.add_argument("--naive", action="store_true", help="every kernel x every enclosing op, as the 2021 study")
     p.add_argument("--by", choices=("op", "phase", "module") + KERNEL_KEYS, default="op",
-                   help="op, phase, or the kernels by device, stream or kernel name (module: not from a trace, "
-                        "see `flopcount nsys --by module`)")
+                   help="op, phase, module (your record_function ranges named by module path, features.0), or "
+                        "the kernels by device, stream or kernel name")
+    p.add_argument("--module-ranges", metavar="PREFIX", default=None,
+                   help="--by module from the record_function ranges named PREFIX + a module path (default: those "
+                        "named like a module path)")
     add_top(p)
     add_format(p)
 
@@ -48,10 +52,10 @@ def run(args) -> int:
     if args.command == "trace":
         from ..profiles import kineto
 
-        if args.by == "module":  # said before the trace is read: a large one takes seconds
-            raise UsageError("trace --by module: this reader does not group ops by record_function ranges "
-                             "(user_annotation events) yet; record the step with nsys and your own NVTX ranges "
-                             "named by module path, then `flopcount nsys PROFILE --by module`")
+        if args.module_ranges is not None and args.by != "module":  # said before a large trace is read
+            raise UsageError("--module-ranges applies to --by module")
+        if args.by == "module":
+            return _annotated(args, trace=True)
         a = kineto.analyze(args.profile, naive=args.naive)
         if args.by == "phase":
             return _by_phase(args, a)
@@ -222,12 +226,15 @@ def _unknown_kinds(a, unknown) -> dict:
     return out
 
 
-def _annotated(args) -> int:
-    from ..profiles.annotations import NO_MARKERS, NO_SHAPES, load
+def _annotated(args, trace: bool = False) -> int:
+    from ..profiles.annotations import NO_MARKERS, NO_SHAPES, TRACE_NO_SHAPES, load, load_trace
 
     if args.naive:
         raise UsageError("--naive counts ops: use it with --by op")
-    ann = load(args.profile, by=args.by, module_ranges=args.module_ranges)
+    if trace:
+        ann = load_trace(args.profile, module_ranges=args.module_ranges)
+    else:
+        ann = load(args.profile, by=args.by, module_ranges=args.module_ranges)
     table = ann.by(args.by)
     seconds = ann.step_seconds()
     if args.format == "json":
@@ -237,7 +244,7 @@ def _annotated(args) -> int:
     if args.format == "csv":
         print_frame(table, "csv")
         return EXIT_OK
-    warned = [n for n in ann.notes if n in (NO_MARKERS, NO_SHAPES)]
+    warned = [n for n in ann.notes if n in (NO_MARKERS, NO_SHAPES, TRACE_NO_SHAPES)]
     for note in warned:
         warn(note)
     print(annotation_table(ann, table, args.profile, args.by, seconds, top=args.top,
@@ -257,7 +264,10 @@ def annotation_table(ann, table, profile: str, by: str, seconds, top=None, notes
         head.update(median_step=R.seconds(float(np.median(seconds))), all_steps=R.seconds(float(seconds.sum())))
     per = "each marked step" if by == "step" else (
         f"per step, the mean of {len(seconds)} marked steps" if len(seconds) else "the whole profile")
-    title = [R.headline(profile, **head), f"  by {by}: {per}; GPU time of the kernels launched inside"]
+    cpu = getattr(ann, "time_source", "device") == "cpu"  # a trace without device activity: the ops' CPU time
+    time_label = "CPU time" if cpu else "GPU time"
+    inside = "CPU time of the ops inside" if cpu else "GPU time of the kernels launched inside"
+    title = [R.headline(profile, **head), f"  by {by}: {per}; {inside}"]
     f = table.reset_index()
     key = "module" if by == "module" else by
     if by == "module":
@@ -269,7 +279,7 @@ def annotation_table(ann, table, profile: str, by: str, seconds, top=None, notes
         if ann.has_flops:
             cols += [R.Col("forward", R.FLOPS, "forward FLOPs", drop=3),
                      R.Col("backward", R.FLOPS, "backward FLOPs", drop=2)]
-        cols += [R.Col("gpu_s", R.SECONDS, "GPU time"), R.Col("gpu_s_incl", R.SECONDS, "with submodules", drop=5)]
+        cols += [R.Col("gpu_s", R.SECONDS, time_label), R.Col("gpu_s_incl", R.SECONDS, "with submodules", drop=5)]
         if ann.has_flops:
             cols += [R.Col("flops_incl", R.FLOPS, "FLOPs with submodules", drop=6),
                      R.Col("flops_per_s", R.RATE, "FLOP/s", drop=1)]

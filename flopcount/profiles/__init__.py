@@ -6,7 +6,8 @@ and de-duplicated FLOPs, calls, kernels, GPU seconds, achieved FLOP/s) and a Flo
 
 ``annotations.load(path)`` reads the ranges ``flopcount.nvtx.annotate`` marks in a training loop (steps, phases,
 modules) and charges the kernels, and the ops' FLOPs where emit_nvtx markers are nested inside, to them; for modules,
-a user's own ranges named by module path can stand in (``load(path, by="module", module_ranges=...)``).
+a user's own ranges named by module path can stand in (``load(path, by="module", module_ranges=...)``), and
+``annotations.load_trace(path)`` does the same from a torch.profiler trace's ``record_function`` ranges.
 
 This is not an estimator of the registry: an estimator runs ``estimate(model, inputs)`` itself, while this reads
 what a GPU recorded earlier (``capture`` records such a profile where a GPU and nsys are present).

@@ -52,7 +52,7 @@ class Analysis:
     path: str = ""
     devices: list = field(default_factory=list)  # GPU names (a torch.profiler trace's deviceProperties)
     time_source: str = "device"  # "cpu" where the profile has no device activity (op time = CPU time)
-    op_ranges: Optional[pd.DataFrame] = None  # one row per op call: start, tid, op, phase, flops, status
+    op_ranges: Optional[pd.DataFrame] = None  # one row per op call: start, end, tid, op, phase, flops, status
     # kernels per (device, stream, kernel name): count, device seconds, and the FLOPs of the ops whose kernels ran
     # there (an op's FLOPs go to the device and stream of its last kernel); -1 where the profile does not say
     kernel_groups: Optional[pd.DataFrame] = None
@@ -273,7 +273,7 @@ def analyze(path_or_profile, naive: bool = False) -> Analysis:
     report = None
     if has_shapes:
         report = _report(packets, name_codes, phase, is_op, flops, status, naive_flops, naive, prof, notes)
-    op_ranges = pd.DataFrame({"start": start[is_op], "tid": r["tid"].to_numpy(np.int64)[is_op],
+    op_ranges = pd.DataFrame({"start": start[is_op], "end": end[is_op], "tid": r["tid"].to_numpy(np.int64)[is_op],
                               "op": packets[name_codes[is_op]], "phase": PHASES[phase[is_op]],
                               "flops": np.maximum(flops[is_op], 0), "status": STATUS[status[is_op]]})
     return Analysis(ops=ops, report=report, has_shapes=has_shapes, kernels=len(k), kernels_unlaunched=unl,

@@ -150,6 +150,7 @@ class Annotations:
     ops: Optional[pd.DataFrame]
     steps: int
     notes: list = field(default_factory=list)
+    time_source: str = "device"  # "cpu": a trace without device activity, where the time is the ops' CPU time
 
     @property
     def has_flops(self) -> bool:
@@ -316,6 +317,12 @@ def read(profile, analysis=None, domain: str = DOMAIN, module_ranges: Optional[s
         rng["name"] = [p[1] for p in parsed]
         rng["direction"] = [p[2] for p in parsed]
         rng = rng[rng["kind"] != "other"].reset_index(drop=True)
+    return _charged(prof, analysis, rng, notes)
+
+
+def _charged(prof, analysis, rng, notes, no_markers: str = NO_MARKERS, no_shapes: str = NO_SHAPES) -> Annotations:
+    """``rng``'s steps, phases and modules with ``prof``'s kernels and ``analysis``'s ops charged to them (a
+    profile without device activity: each op's own CPU time in place of its kernels')."""
     steps = _lanes(rng[rng["kind"] == "step"], rng.loc[rng["kind"] == "step", "proc"])
     phases = _lanes(rng[rng["kind"] == "phase"], rng.loc[rng["kind"] == "phase", "proc"])
     modules = _lanes(rng[rng["kind"] == "module"], rng.loc[rng["kind"] == "module", "tid"])
@@ -331,13 +338,17 @@ def read(profile, analysis=None, domain: str = DOMAIN, module_ranges: Optional[s
 
     k = prof.kernels
     launched = k[k["launch_tid"] >= 0]
-    kernels = charge(pd.DataFrame({"gpu_ns": (launched["end"] - launched["start"]).to_numpy(np.int64)}),
-                     launched["launch_tid"], launched["launch_start"])
+    if prof.cpu_times and analysis is not None:  # no device activity: an op's time is its own CPU time
+        o = analysis.op_ranges
+        kernels = charge(pd.DataFrame({"gpu_ns": (o["end"] - o["start"]).to_numpy(np.int64)}), o["tid"], o["start"])
+    else:
+        kernels = charge(pd.DataFrame({"gpu_ns": (launched["end"] - launched["start"]).to_numpy(np.int64)}),
+                         launched["launch_tid"], launched["launch_start"])
     ops = None
     if analysis is None or analysis.ranges == 0:
-        notes.append(NO_MARKERS)
+        notes.append(no_markers)
     elif not analysis.has_shapes:
-        notes.append(NO_SHAPES)
+        notes.append(no_shapes)
     else:
         o = analysis.op_ranges
         ops = charge(pd.DataFrame({"op": o["op"].to_numpy(object), "op_phase": o["phase"].to_numpy(object),
@@ -346,7 +357,8 @@ def read(profile, analysis=None, domain: str = DOMAIN, module_ranges: Optional[s
         missing = ops[(ops["status"] == UNCOUNTED) & (ops["step"] >= 0)]
         if len(missing):
             notes.append(f"FLOPs not derived for {len(missing)} op call(s) inside marked steps (not in the sums; "
-                         "see `flopcount nsys PROFILE --by op`)")
+                         f"see `flopcount {'trace TRACE' if prof.sizes_format == 'kineto' else 'nsys PROFILE'} "
+                         "--by op`)")
     n_steps = int((rng["kind"] == "step").sum())
     outside = kernels["step"] < 0
     if n_steps and outside.any():
@@ -356,7 +368,8 @@ def read(profile, analysis=None, domain: str = DOMAIN, module_ranges: Optional[s
         notes.append(f"{prof.unlaunched} kernel(s) have no launch in this file; they are charged to no range")
     if not n_steps and len(rng):
         notes.append("no step ranges: the tables hold the whole profile")
-    return Annotations(path=prof.path, ranges=rng, kernels=kernels, ops=ops, steps=max(n_steps, 1), notes=notes)
+    return Annotations(path=prof.path, ranges=rng, kernels=kernels, ops=ops, steps=max(n_steps, 1), notes=notes,
+                       time_source="cpu" if prof.cpu_times else "device")
 
 
 def load(path, domain: str = DOMAIN, by: Optional[str] = None, module_ranges: Optional[str] = None) -> Annotations:
@@ -388,4 +401,60 @@ def load(path, domain: str = DOMAIN, by: Optional[str] = None, module_ranges: Op
     if ann.ranges.empty:
         raise nsys.ProfileError(f"{prof.path}: no ranges of the NVTX domain {domain!r}: mark the training loop with "
                                 "flopcount.nvtx.annotate (see README, 'Annotating your own loop')")
+    return ann
+
+
+TRACE_NO_SHAPES = "this trace was recorded without record_shapes: times only, no FLOPs"
+
+
+def trace_module_ranges(prof, module_ranges: Optional[str] = None) -> tuple:
+    """(a torch.profiler trace's module ranges as ``read`` keeps ranges, the rule in words): its
+    ``record_function`` ranges (category ``user_annotation``; ops and autograd nodes are ``cpu_op`` and never
+    match) whose name is a dotted module path, or with ``module_ranges``, that prefix + a module path."""
+    r = prof.ranges
+    cat = r["cat"] if "cat" in r else pd.Series(["cpu_op"] * len(r))
+    ann = r[(cat == "user_annotation").to_numpy(bool)]
+    names = ann["name"].astype(str)
+    if module_ranges:
+        hit = names.str.startswith(module_ranges).to_numpy(bool)
+        ann, names = ann[hit], names[hit].str[len(module_ranges):].str.strip()
+        rule = f"the record_function ranges named {module_ranges!r} + a module path"
+    else:
+        rule = "the record_function ranges named like a module path"
+    keep = names.map(lambda t: MODULE_PATH.fullmatch(t) is not None).to_numpy(bool)
+    picked = pd.DataFrame({"start": ann["start"].to_numpy(np.int64)[keep], "end": ann["end"].to_numpy(np.int64)[keep],
+                           "tid": ann["tid"].to_numpy(np.int64)[keep]})
+    picked["proc"] = picked["tid"].to_numpy(np.int64) >> 24
+    picked["kind"] = "module"
+    picked["name"] = names.to_numpy(object)[keep]
+    picked["direction"] = ""  # a record_function range says nothing of forward or backward: the ops inside say it
+    return picked, rule
+
+
+def load_trace(path, module_ranges: Optional[str] = None) -> Annotations:
+    """``--by module`` of a torch.profiler trace: each op (its FLOPs, and its kernels' device time, or its own CPU
+    time in a trace without device activity) goes to the innermost module range (see ``trace_module_ranges``)
+    open on its own thread at its start; what runs outside every one is the root's. Raises ProfileError where the
+    trace holds no such range."""
+    from . import kineto
+    from .analyze import analyze
+
+    prof = kineto.load(path)
+    rng, rule = trace_module_ranges(prof, module_ranges)
+    if rng.empty:
+        what = (f"named {module_ranges!r} + a module path" if module_ranges else
+                "named like a module path (features.0)")
+        raise nsys.ProfileError(
+            f"{prof.path}: no record_function range (user_annotation) {what}: wrap each module's call in "
+            "torch.profiler.record_function(\"features.0\") (its dotted path in the model), with --module-ranges "
+            "PREFIX where the names carry a prefix")
+    notes = [f"modules from {rule}: each op goes to the innermost one open on its thread; work outside every one "
+             "(the loss, and the backward unless ranges are opened around it too: on a GPU it runs on the autograd "
+             "engine's thread) is the root's"]
+    ann = _charged(prof, analyze(prof), rng, notes, no_shapes=TRACE_NO_SHAPES)
+    if ann.ops is not None:  # the module table has forward and backward columns: say what is in neither
+        opt = int(ann.ops.loc[ann.ops["op_phase"] == "optimizer", "flops"].sum())
+        if opt:
+            ann.notes.append(f"{opt:,} FLOPs of the optimizer step are in no module's columns (see `flopcount "
+                             "trace TRACE --by phase`)")
     return ann

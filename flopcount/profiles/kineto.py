@@ -6,7 +6,8 @@ What a trace gives, per event (``ph: "X"``, times in microseconds):
   of sizes), ``Input type``, ``Concrete Inputs`` (the scalar arguments' values, in recent PyTorch) and
   ``Sequence number``; a backward node (``AddmmBackward0``) carries the forward op's sequence number and
   ``Fwd thread id``, the profiler's number of the thread the forward op ran on;
-* ``user_annotation``: ``Optimizer.step#SGD.step`` and the like (the optimizer phase), ``ProfilerStep#N``;
+* ``user_annotation``: ``Optimizer.step#SGD.step`` and the like (the optimizer phase), ``ProfilerStep#N``, and
+  the user's own ``record_function`` ranges (``gpu_user_annotation`` is their device-side copy, not read);
 * ``cuda_runtime`` / ``cuda_driver``: the launch on the CPU side, with its ``correlation`` id;
 * ``kernel``, ``gpu_memcpy``, ``gpu_memset``: device activity with the ``correlation`` of its launch;
 * ``deviceProperties`` (top level): the GPUs' names.
@@ -16,7 +17,8 @@ Nsight reader makes, so one analysis (de-duplication, FLOPs per distinct call, k
 their launch) serves both. Sequence numbers are per forward thread: a forward op's number is keyed by its thread,
 and a backward node's by the thread its ``Fwd thread id`` names, found as the forward thread whose ops carry most
 of that id's numbers (the profiler's thread numbers are not OS thread ids). A trace with no device activity (a CPU
-run) gives each op its own CPU time instead.
+run) gives each op its own CPU time instead. Each range keeps its event category (``cat``: ``cpu_op`` or
+``user_annotation``), so that only annotations, never ops or autograd nodes, can stand for modules.
 """
 from __future__ import annotations
 
@@ -212,10 +214,10 @@ def _load(path: str) -> Profile:
         # half-open: with whole-microsecond times an op that ends as the next begins would seem to enclose it
         eid = args.get("External id", -1)  # an event's own id: two ops alike in all else are two calls
         rows.append((start, start + max(dur - 1, 0), threads.setdefault(thread, len(threads)), name, seq, fwd_tid,
-                     sizes, eid if type(eid) is int and -1 <= eid < 1 << 62 else -1))
+                     sizes, eid if type(eid) is int and -1 <= eid < 1 << 62 else -1, cat))
     if not rows:
         raise ProfileError(f"{path}: no cpu_op events: record the trace with torch.profiler (CPU activity on)")
-    start, end, tid, name, seq, fwd_tid, sizes, eid = zip(*rows)
+    start, end, tid, name, seq, fwd_tid, sizes, eid, cats = zip(*rows)
     del rows
     ranges = pd.DataFrame({"start": np.array(start, np.int64), "end": np.array(end, np.int64),
                            "tid": np.array(tid, np.int64), "seq": np.array(seq, np.int64),
@@ -223,8 +225,9 @@ def _load(path: str) -> Profile:
     ranges["seq"] = _keyed_seq(ranges)
     ranges["name"] = pd.Categorical(np.array(name, dtype=object))
     ranges["sizes"] = pd.Categorical(np.array(sizes, dtype=object))
-    ranges = sanity.screen_ranges(sort_ranges(ranges[["start", "end", "tid", "name", "seq", "sizes", "eid"]]), skipped,
-                                  "op").drop(columns=["eid"])
+    ranges["cat"] = pd.Categorical(np.array(cats, dtype=object), categories=sorted(RANGE_CATS))
+    ranges = sanity.screen_ranges(sort_ranges(ranges[["start", "end", "tid", "name", "seq", "sizes", "cat", "eid"]]),
+                                  skipped, "op").drop(columns=["eid"])
     if ranges.empty:
         why = "; ".join(f"{n:,} {r}" for r, n in skipped.items())
         raise ProfileError(f"{path}: no usable cpu_op events (skipped: {why})")
