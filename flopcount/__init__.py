@@ -12,10 +12,11 @@ from .report import FlopReport
 from . import compare as _compare_module, utilization as _utilization_module  # noqa: F401
 from .compare import compare
 from .utilization import utilization
+from .infer import generate_cost
 
 __version__ = "0.1.0"
 __all__ = [
-    "count", "compare", "utilization", "FlopReport", "register_formula", "register_estimator",
+    "count", "compare", "utilization", "generate_cost", "FlopReport", "register_formula", "register_estimator",
     "available_estimators", "get_estimator", "estimators", "EstimatorError",
 ]
 
