@@ -15,6 +15,7 @@ try:
     from . import compare as _compare_module, utilization as _utilization_module  # noqa: F401
     from .compare import compare
     from .utilization import utilization
+    from .infer import generate_cost
 except KeyboardInterrupt:
     # Ctrl-C in the seconds torch takes to import, from the ``flopcount`` command (or ``python -m flopcount``, whose
     # argv[0] is "-m" while the package loads): the command's one line, not a traceback; a library caller gets
@@ -26,7 +27,7 @@ except KeyboardInterrupt:
 
 __version__ = "0.1.0"
 __all__ = [
-    "count", "compare", "utilization", "FlopReport", "register_formula", "register_estimator",
+    "count", "compare", "utilization", "generate_cost", "FlopReport", "register_formula", "register_estimator",
     "available_estimators", "get_estimator", "estimators", "EstimatorError",
 ]
 

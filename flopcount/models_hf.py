@@ -112,6 +112,10 @@ def _max_positions(config) -> Optional[int]:
     return None
 
 
+# public names for the modules that read a configuration too (infer: the vocabulary, the positions)
+text_config, max_positions = _text_config, _max_positions
+
+
 def default_seq_len(model) -> int:
     limit = _max_positions(_text_config(model.config))
     return min(DEFAULT_SEQ_LEN, limit) if limit else DEFAULT_SEQ_LEN

@@ -10,8 +10,9 @@ from typing import Any, Dict, Iterable, Optional
 
 import pandas as pd
 
-# recompute: forward ops re-run during backward by activation checkpointing (hardware FLOPs, not model FLOPs)
-PHASES = ("forward", "backward", "recompute", "optimizer")
+# recompute: forward ops re-run during backward by activation checkpointing (hardware FLOPs, not model FLOPs);
+# prefill and decode: a generation's (flopcount.infer)
+PHASES = ("forward", "backward", "recompute", "optimizer", "prefill", "decode")
 
 # Row status: the op has a formula, is declared zero-FLOP, or was seen without a formula.
 COUNTED, ZERO, UNCOUNTED = "counted", "zero", "uncounted"

@@ -23,6 +23,23 @@ def test_lm_count_speed_counts_the_llama_shaped_model():
     assert "8.03 B parameters" in line and "on meta" in line and " 0 uncounted ops" in line
 
 
+def test_infer_speed_prints_the_ratios_with_their_spread():
+    pytest.importorskip("transformers")
+    out = run("infer_speed.py", "--rounds", "2", "--steps", "2", "--layers", "1", "--prompt", "32", "--batch", "1",
+              "--skip-llama")
+    for peer in ("remember=False", "FlopCounterMode"):
+        assert re.search(rf"ratio flopcount / {peer} = \d+\.\d\d \(median; range \d+\.\d\d-\d+\.\d\d over 2", out)
+
+
+@pytest.mark.slow
+def test_infer_speed_counts_the_llama_shaped_generation():
+    pytest.importorskip("transformers")
+    out = run("infer_speed.py", "--rounds", "1", "--steps", "1", "--layers", "1", "--prompt", "64", "--new", "3",
+              "--batch", "1")
+    line = [l for l in out.splitlines() if l.startswith("Llama-3-8B-shaped (32 layers)")][0]
+    assert "(2 decode steps)" in line and " 0 uncounted ops" in line
+
+
 def test_torchvision_table_writes_rows_with_reasons(tmp_path):
     out_csv = tmp_path / "t.csv"
     out = run("torchvision_table.py", "--out", str(out_csv), "--models", "resnet18,fcn_resnet50")

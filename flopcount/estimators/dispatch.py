@@ -42,7 +42,8 @@ from ..report import COUNTED, UNCOUNTED, ZERO, FlopReport
 from .base import Capabilities, Request
 from . import fallback
 from .kernels import call_simulated, kernels_as
-from .known_values import known_values, note as note_values
+from .known_values import follows as follows_values, known_values, note as note_values
+from . import memo
 from .stand_ins import StandIns, autocast_device, stand_ins
 
 # matrix products and convolutions whose real kernels require one dtype for every operand (below autocast, which
@@ -64,10 +65,13 @@ def aside():
         yield
     finally:
         _aside.depth -= 1
+# phases whose ops belong to the module running them (backward ops to the module of their autograd node; the
+# optimizer's to the root): a training step's forward and its recompute, a generation's prefill and decode
+FORWARD_PHASES = ("forward", "recompute", "prefill", "decode")
 
 
 class _OpInfo:
-    __slots__ = ("name", "formula", "zero", "family", "values", "hidden")
+    __slots__ = ("name", "formula", "zero", "family", "values", "hidden", "memo", "noted")
 
     def __init__(self, func):
         self.name = str(func.overloadpacket)
@@ -77,6 +81,8 @@ class _OpInfo:
         self.values = self.name in formulas.VALUES
         # fake tensors answer ``.device`` through prim ops: bookkeeping of the simulation, not ops of the step
         self.hidden = self.name.startswith("prim.")
+        self.memo = memo.kind(func)
+        self.noted = follows_values(func)
 
 
 def _to_shapes(x):
@@ -160,13 +166,19 @@ def shape_label(output) -> str:
 class _Counter(TorchDispatchMode):
     """Accumulates (module, op, phase, dtype) -> [flops, bytes, calls]."""
 
-    def __init__(self, param_owner: Dict[int, str], simulated_run: bool = False, unwrap: tuple = ()):
+    def __init__(self, param_owner: Dict[int, str], simulated_run: bool = False, unwrap: tuple = (),
+                 remember: bool = False):
         super().__init__()
         # tensor subclasses counted through the ops they run on their local tensors (DTensor), never as themselves
         self.unwrap = tuple(unwrap)
         self.simulated = simulated_run
+        # results and counts of calls on meta tensors, for a count that repeats them (memo.py)
+        self.memo = memo.Memo() if remember and simulated_run else None
+        self.recording: Optional[list] = None  # the accounting of each op, while a module's call is recorded
+        self.graph = True  # autograd nodes are made (grad mode on), whose modules backward ops are attributed to
         self.needs_values: Optional[str] = None  # the op that needed values a simulated run lacks
         self.written = 0  # bytes written by forward ops (the memory estimate of a fallback reads it)
+        self.flops = self.moved = 0  # FLOPs and bytes of every op so far (a caller reads them between its steps)
         self.phase = "forward"
         self.stack = [""]
         self.checkpointing: set = set()  # modules that checkpoint their forward (transformers layers)
@@ -235,22 +247,30 @@ class _Counter(TorchDispatchMode):
             return NotImplemented  # the subclass unwraps and runs its local ops, which come back here
         kwargs = kwargs or {}
         tick()
-        info = self._ops.get(func)
+        info = self._ops.get(id(func))  # an op lives as long as the process; its id hashes faster than the op
         if info is None:
-            info = self._ops[func] = _OpInfo(func)
+            info = self._ops[id(func)] = _OpInfo(func)
         if self.simulated and func.overloadpacket in _SAME_DTYPE:
             kinds = {a.dtype for a in args if isinstance(a, torch.Tensor)}
             if len(kinds) > 1:  # the CPU and CUDA kernels refuse this; the meta kernels let it through
                 raise RuntimeError(f"{info.name}: operands of different dtypes "
                                    f"({', '.join(sorted(str(k).replace('torch.', '') for k in kinds))}); a real run "
                                    "refuses them (convert the input to the model's dtype, or use autocast)")
-        try:
-            out = call_simulated(func, args, kwargs) if self.simulated else func(*args, **kwargs)
-        except Exception:
-            if self.simulated:
-                self.needs_values = info.name
-            raise
-        if self.simulated:
+        key = known = None
+        if self.memo is not None and info.memo is not None:
+            key = memo.key(func, args, kwargs)
+            known = self.memo.entries.get(key) if key is not None else None
+        if known is not None:
+            self.memo.hits += 1
+            out = known.make(args)
+        else:
+            try:
+                out = call_simulated(func, args, kwargs) if self.simulated else func(*args, **kwargs)
+            except Exception:
+                if self.simulated:
+                    self.needs_values = info.name
+                raise
+        if self.simulated and info.noted:
             note_values(func, args, kwargs, out)
         if info.hidden:
             return out
@@ -261,16 +281,63 @@ class _Counter(TorchDispatchMode):
             # being run is a forward op re-run by activation checkpointing (reentrant or not), inside its
             # module's hooks again. (Before the engine starts, the seed gradient is made with grad mode on.)
             phase = "recompute"
-        if phase in ("forward", "recompute"):
+        if phase in FORWARD_PHASES:
             module = self.stack[-1]
             if phase == "recompute" and len(self.stack) == 1:
                 module = self._recomputed_module(module)
-            self.claim()
+            if self.graph:
+                self.claim()
         elif phase == "backward":
             module = self._module_of_node(_current_node())
         else:
             module = ""
 
+        if known is not None:
+            flops, nbytes, dtype, status, out_bytes = known.count
+        else:
+            flops, nbytes, dtype, status, out_bytes = self._count(info, args, kwargs, out)
+            if key is not None:
+                made = memo.entry(info.memo, out, (flops, nbytes, dtype, status, out_bytes))
+                if made is not None:
+                    self.memo.entries[key] = made
+                    self.memo.misses += 1
+        if phase == "forward" and info.zero != formulas.VIEW:
+            self.written += out_bytes
+        row = (info.name, dtype, info.family, status)
+        acc = self.rows[(module,) + row[:1] + (phase,) + row[1:]]
+        acc[0] += flops
+        acc[1] += nbytes
+        acc[2] += 1
+        self.flops += flops
+        self.moved += nbytes
+        if self.recording is not None:
+            self.recording.append((row, flops, nbytes, out_bytes if info.zero != formulas.VIEW else 0))
+        return out
+
+    # --- replayed modules (memo.linears_replayed) ---------------------------------------------------------------
+    def record(self, stop: bool = False) -> Optional[list]:
+        """Start keeping each op's accounting in a list (returned), or stop."""
+        self.recording = None if stop else []
+        return self.recording
+
+    def replay(self, ops: list) -> None:
+        """Count recorded ops again, as ops of the module now running in the current phase."""
+        module, phase = self.stack[-1], self.phase
+        rows = self.rows
+        for (name, dtype, family, status), flops, nbytes, out_bytes in ops:
+            acc = rows[(module, name, phase, dtype, family, status)]
+            acc[0] += flops
+            acc[1] += nbytes
+            acc[2] += 1
+            self.flops += flops
+            self.moved += nbytes
+            if phase == "forward":
+                self.written += out_bytes
+        if self.memo is not None:
+            self.memo.hits += len(ops)
+
+    def _count(self, info: _OpInfo, args, kwargs, out) -> tuple:
+        """(FLOPs, bytes, the dtype it computes in, status, bytes of its outputs) of one call."""
         ref = _compute_dtype_ref(args, out)
         dtype = _dtype_name(ref.dtype) if ref is not None else ""
         out_bytes = None
@@ -314,13 +381,70 @@ class _Counter(TorchDispatchMode):
 
         if flops and ref is not None and not (ref.dtype.is_floating_point or ref.dtype.is_complex):
             flops = 0  # integer and boolean arithmetic is not floating-point work
-        if phase == "forward" and info.zero != formulas.VIEW:
-            self.written += out_bytes if out_bytes is not None else _tensor_bytes(out)
-        acc = self.rows[(module, info.name, phase, dtype, info.family, status)]
-        acc[0] += flops
-        acc[1] += nbytes
-        acc[2] += 1
-        return out
+        if out_bytes is None:
+            out_bytes = 0 if info.zero == formulas.VIEW else _tensor_bytes(out)
+        return flops, nbytes, dtype, status, out_bytes
+
+
+@contextmanager
+def counting(model, inputs=None, *, device: str = "meta", as_device: str = "cpu", grad: bool = False,
+             optimizer=None, optimizer_model=None, remember: bool = False, state: Optional[dict] = None,
+             given: Optional["AsGiven"] = None):
+    """The counter around whatever runs inside: ``model``'s parameters and buffers swapped for stand-ins (meta, or
+    views of the real ones on ``device``), kernels chosen as on ``as_device``, every module's ops attributed to it.
+    Yields (counter, stand-in inputs); set ``counter.phase`` to name the phase of the ops that follow, and read
+    them with ``rows_of(counter)``. ``optimizer`` (with ``grad``) is rebuilt over the stand-ins as
+    ``counter.optimizer``. ``remember``: remember the result of each call on meta tensors for the next call like
+    it (memo.py), for a count that repeats its calls (a generation's decode steps). ``given`` (an ``AsGiven``):
+    the model and inputs run as they are instead of on stand-ins."""
+    if given is None:
+        fake_device = autocast_device() if device == "meta" else None
+        make = StandIns(device, fake_device)
+        named_params = dict(model.named_parameters())
+        stepped = grad and optimizer is not None
+        params = {n: make.param(p, True, stepped) for n, p in named_params.items()}
+        params.update({n: make.param(b, False, True) for n, b in model.named_buffers()})
+        param_owner = {id(params[n]): n.rpartition(".")[0] for n in named_params}
+        inputs = make.inputs(inputs)
+        mode, unwrap = make.mode, ()
+    else:
+        fake_device, params = None, None
+        param_owner = {id(p): n.rpartition(".")[0] for n, p in model.named_parameters()}
+        mode, unwrap = given.mode, given.unwrap
+    counter = _Counter(param_owner, simulated_run=device == "meta", unwrap=unwrap,
+                       remember=remember and fake_device is None and given is None)
+    counter.checkpointing = {n for n, m in model.named_modules()
+                             if n and getattr(m, "gradient_checkpointing", False) is True}
+    if not grad:
+        counter.optimizer = None
+    elif given is not None:
+        counter.optimizer = optimizer
+    else:
+        counter.optimizer = rebuild_optimizer(optimizer, params, optimizer_model or model)
+    if state is not None:
+        state["counter"] = counter
+    with ExitStack() as stack:
+        if mode is not None:
+            stack.enter_context(mode)
+        if device == "meta":
+            stack.enter_context(kernels_as(as_device))
+            stack.enter_context(known_values())
+        counter.graph = grad  # without grad no autograd node is made: none to tag with its module
+        counter.stack = stack.enter_context(module_stack(model, on_change=counter.claim if grad else None,
+                                                         on_output=counter.record_output))
+        if counter.memo is not None:
+            stack.enter_context(memo.linears_replayed(model, counter))
+        if params is not None:
+            stack.enter_context(stand_ins(model, params))
+        stack.enter_context(torch.enable_grad() if grad else torch.no_grad())
+        stack.enter_context(counter)
+        yield counter, inputs
+
+
+def rows_of(counter: _Counter) -> list:
+    """The counter's rows as records: module, op, phase, dtype, family, status, flops, bytes, calls."""
+    return [dict(module=k[0], op=k[1], phase=k[2], dtype=k[3], family=k[4], status=k[5], flops=v[0], bytes=v[1],
+                 calls=v[2]) for k, v in counter.rows.items()]
 
 
 def _run(model, inputs, *, backward, loss_fn, device, optimizer, as_device, optimizer_model=None, state=None,
@@ -328,42 +452,12 @@ def _run(model, inputs, *, backward, loss_fn, device, optimizer, as_device, opti
     """One count of the step; returns (counter, phases, notes, stand-in inputs). ``state["counter"]`` keeps the
     counter for a caller that needs to read it after the run raised. ``given`` (an ``AsGiven``): run the model
     and inputs as they are instead of on stand-ins."""
-    if given is None:
-        fake_device = autocast_device() if device == "meta" else None
-        make = StandIns(device, fake_device)
-        named_params = dict(model.named_parameters())
-        stepped = backward and optimizer is not None
-        params = {n: make.param(p, True, stepped) for n, p in named_params.items()}
-        params.update({n: make.param(b, False, True) for n, b in model.named_buffers()})
-        param_owner = {id(params[n]): n.rpartition(".")[0] for n in named_params}
-        inputs = make.inputs(inputs)
-        opt = rebuild_optimizer(optimizer, params, optimizer_model or model) if backward else None
-        mode, unwrap = make.mode, ()
-    else:
-        fake_device, params = None, None
-        param_owner = {id(p): n.rpartition(".")[0] for n, p in model.named_parameters()}
-        opt = optimizer if backward else None
-        mode, unwrap = given.mode, given.unwrap
-
-    counter = _Counter(param_owner, simulated_run=device == "meta", unwrap=unwrap)
-    counter.checkpointing = {n for n, m in model.named_modules()
-                             if n and getattr(m, "gradient_checkpointing", False) is True}
-    if state is not None:
-        state["counter"] = counter
+    fake_device = autocast_device() if device == "meta" and given is None else None
     notes = []
     phases = ["forward"] + (["backward"] if backward else [])
-    with ExitStack() as stack:
-        if mode is not None:
-            stack.enter_context(mode)
-        if device == "meta":
-            stack.enter_context(kernels_as(as_device))
-            stack.enter_context(known_values())
-        counter.stack = stack.enter_context(module_stack(model, on_change=counter.claim,
-                                                         on_output=counter.record_output))
-        if params is not None:
-            stack.enter_context(stand_ins(model, params))
-        stack.enter_context(torch.enable_grad() if backward else torch.no_grad())
-        stack.enter_context(counter)
+    with counting(model, inputs, device=device, as_device=as_device, grad=backward, optimizer=optimizer,
+                  optimizer_model=optimizer_model, state=state, given=given) as (counter, inputs):
+        opt = counter.optimizer
         output = call_model(model, inputs)
         counter.record_output("", output)  # the root is not hooked: its output is what the call returned
         if backward:
@@ -435,15 +529,12 @@ def count_step(
                     model, inputs, name, backward=backward, loss_fn=loss_fn, device=device, optimizer=optimizer,
                     as_device=as_device, fallback_to_cpu=fallback_to_cpu)
 
-    rows = [
-        dict(module=k[0], op=k[1], phase=k[2], dtype=k[3], family=k[4], status=k[5], flops=v[0], bytes=v[1], calls=v[2])
-        for k, v in counter.rows.items()
-    ]
+    rows = rows_of(counter)
     notes = notes + [f"formula for {op} failed: {err}" for op, err in counter.errors.items()]
     return FlopReport.from_rows(
         rows, model=name, batch_size=batch_size_of(used, default=None),
-        estimator="dispatch", phases=phases, notes=notes, meta={**meta_extra, "params": _owned_params(model),
-                                                  "module_types": _module_types(model),
+        estimator="dispatch", phases=phases, notes=notes, meta={**meta_extra, "params": owned_params(model),
+                                                                "module_types": _module_types(model),
                                                                 "module_outputs": dict(counter.outputs),
                                                                 **_tied(model)},
     )
@@ -496,7 +587,7 @@ def _on_cpu(model, inputs, name, needed, written, **step):
     return counter, phases, [note] + notes, used
 
 
-def _owned_params(model: torch.nn.Module) -> Dict[str, int]:
+def owned_params(model: torch.nn.Module) -> Dict[str, int]:
     """Module path -> parameters it owns directly, for every module in model order (a shared parameter counts
     once, at its first path, as ``named_parameters`` lists it)."""
     owned = {name: 0 for name, _ in model.named_modules()}

@@ -55,6 +55,11 @@ def all_ones(t) -> bool:
     return isinstance(t, torch.Tensor) and id(_root(t)) in _ones
 
 
+def follows(func) -> bool:
+    """Whether ``note`` does anything for ``func``: an op that makes ones, copies them, or writes a tensor."""
+    return func in _MAKERS or func in _COPIES or func._schema.is_mutable
+
+
 def note(func, args, kwargs, out) -> None:
     """Follow which tensors hold only ones, op by op (called by the counter for every op of a count on meta)."""
     if not _active:

@@ -1,0 +1,154 @@
+"""A generation on a device: each phase's roofline time (per op, the slower of FLOPs / peak and bytes /
+bandwidth, each op at the peak ``devices.op_precision`` gives it, as ``flopcount roofline`` takes it), tokens per
+second, time to first token, the bound, and MFU and MBU from measured rates."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import pandas as pd
+
+from .. import devices
+from .generation import FORWARD, Generation, GenerationError
+
+@dataclass
+class PhaseRoofline:
+    """One phase on one device: the least time it can take (``seconds``, the sum over its ops), per forward and per
+    token, the tokens per second that follow, which bound holds, and the measured figures where given."""
+
+    phase: str
+    forwards: int
+    tokens: int
+    flops: int
+    bytes: int
+    seconds: float
+    peak_flops: float
+    bandwidth: float
+    memory_share: float
+    intensity: float
+    ridge: float
+    measured_seconds: Optional[float] = None
+
+    @property
+    def bound(self) -> str:
+        return "memory" if self.intensity < self.ridge else "compute"
+
+    @property
+    def seconds_per_forward(self) -> float:
+        return self.seconds / self.forwards if self.forwards else math.nan
+
+    @property
+    def seconds_per_token(self) -> float:
+        return self.seconds / self.tokens if self.tokens else math.nan
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds else math.nan
+
+    @property
+    def measured_tokens_per_second(self) -> Optional[float]:
+        return self.tokens / self.measured_seconds if self.measured_seconds else None
+
+    @property
+    def mfu(self) -> Optional[float]:
+        """Achieved FLOP/s (counted FLOPs over the measured time) over the peak of the phase's precision mix."""
+        return self.flops / self.measured_seconds / self.peak_flops if self.measured_seconds else None
+
+    @property
+    def mbu(self) -> Optional[float]:
+        """Achieved bytes/s (the byte rule's bytes over the measured time) over the memory bandwidth."""
+        return self.bytes / self.measured_seconds / self.bandwidth if self.measured_seconds else None
+
+    def to_dict(self) -> dict:
+        keys = ("phase", "forwards", "tokens", "flops", "bytes", "seconds", "peak_flops", "bandwidth",
+                "memory_share", "intensity", "ridge", "measured_seconds")
+        d = {k: getattr(self, k) for k in keys}
+        d.update(bound=self.bound, seconds_per_forward=self.seconds_per_forward,
+                 seconds_per_token=self.seconds_per_token, tokens_per_second=self.tokens_per_second,
+                 measured_tokens_per_second=self.measured_tokens_per_second, mfu=self.mfu, mbu=self.mbu)
+        return d
+
+
+@dataclass
+class Prediction:
+    """A generation on a device: each phase's roofline, time to first token and the whole generation's rate."""
+
+    device: str
+    source: str
+    phases: Dict[str, PhaseRoofline]
+    notes: List[str] = field(default_factory=list)
+
+    @property
+    def ttft(self) -> Optional[float]:
+        """Time to first token: the prefill's roofline time (its forward and the first token's sampling); None for
+        a single forward."""
+        return self.phases["prefill"].seconds if "prefill" in self.phases else None
+
+    @property
+    def seconds(self) -> float:
+        return sum(p.seconds for p in self.phases.values())
+
+    def to_dict(self) -> dict:
+        return {"device": self.device, "source": self.source, "ttft": self.ttft, "seconds": self.seconds,
+                "phases": {k: v.to_dict() for k, v in self.phases.items()}, "notes": list(self.notes)}
+
+
+def predict(gen: Generation, spec: devices.DeviceSpec, *, measured_tokens_per_s: Optional[float] = None,
+            measured_ttft: Optional[float] = None, tf32: bool = False) -> Prediction:
+    """Each phase of ``gen`` on ``spec`` (see ``Generation.on``). ``measured_tokens_per_s``: decode tokens per
+    second over all sequences (batch / seconds per decode step; a single forward: its tokens, or samples, per
+    second); ``measured_ttft``: seconds of the prefill."""
+    if not spec.bandwidth:
+        raise GenerationError(f"{spec.name} has no memory bandwidth in the table; the decode roofline needs one")
+    for value, what in ((measured_tokens_per_s, "measured tokens per second"), (measured_ttft, "measured TTFT")):
+        if value is not None and not (value > 0 and math.isfinite(value)):
+            raise GenerationError(f"{what} must be a positive number, not {value}")
+    out = {}
+    notes = []
+    frame = gen.traffic.frame
+    for name in gen.traffic.phases:
+        rows = frame[frame["phase"] == name]
+        seconds, memory_seconds = _roofline(rows, spec, tf32)
+        mix = devices.precision_mix(rows, tf32=tf32, spec=spec)
+        peak = devices.effective_peak(mix, spec) if mix else spec.peak("fp32")
+        totals = gen.phase(name)
+        measured = None
+        if name in ("decode", FORWARD) and measured_tokens_per_s is not None:
+            measured = totals["tokens"] / measured_tokens_per_s
+        if name == "prefill" and measured_ttft is not None:
+            measured = measured_ttft
+        out[name] = PhaseRoofline(phase=name, forwards=totals["forwards"], tokens=totals["tokens"],
+                                  flops=totals["flops"], bytes=totals["bytes"], seconds=seconds,
+                                  peak_flops=peak, bandwidth=float(spec.bandwidth),
+                                  memory_share=memory_seconds / seconds if seconds else math.nan,
+                                  intensity=totals["intensity"], ridge=peak / float(spec.bandwidth),
+                                  measured_seconds=measured)
+        unc = rows[rows["status"] == "uncounted"]
+        if not unc.empty:
+            ops = ", ".join(sorted(set(unc["op"])))
+            notes.append(f"{name}: ops without a formula (only their bytes are in the roofline time): {ops}")
+        if measured is not None and measured < seconds:
+            notes.append(f"{name}: the measured time is below the roofline time: the device spec does not describe "
+                         "this run")
+    return Prediction(device=spec.name, source=spec.source, phases=out, notes=notes)
+
+
+def _roofline(rows: pd.DataFrame, spec: devices.DeviceSpec, tf32) -> tuple:
+    """(seconds, of which in memory-bound ops) of ops on ``spec``: per op the slower of FLOPs / peak (the peak its
+    family and dtype run at, ``devices.op_precision``) and bytes / bandwidth, summed; an op whose bytes take longer
+    than its FLOPs is memory-bound."""
+    bandwidth = float(spec.bandwidth)
+    total = memory = 0.0
+    for dtype, fam, flops, nbytes in zip(rows["dtype"], rows["family"], rows["flops"], rows["bytes"]):
+        t_memory = nbytes / bandwidth
+        t_compute = 0.0
+        if flops:
+            try:
+                t_compute = flops / spec.peak(devices.op_precision(dtype, fam, tf32=tf32, spec=spec))
+            except devices.UnknownPeak as exc:
+                raise GenerationError(f"{spec.name}: no peak for {dtype} {fam} work ({exc})") from None
+        total += max(t_compute, t_memory)
+        if t_memory > t_compute:
+            memory += t_memory
+    return total, memory
