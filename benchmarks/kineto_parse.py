@@ -4,7 +4,7 @@ The trace is a real one, made bigger: one training step of resnet18 (batch 2, 32
 ``record_shapes=True`` and exported as Chrome-trace JSON, given the device activity a GPU run records (each op that
 does the work itself launches a kernel: a ``cuda_runtime`` launch inside the op and a ``kernel`` event with the
 same correlation id), then repeated step after step (times, sequence numbers and correlation ids moved on) until
-it holds ``--events`` events. ``flopcount.profiles.kineto.analyze`` runs on it ``--repeat`` times, each in a fresh
+it holds ``--events`` events. ``flopcount.profiles.analyze_trace`` runs on it ``--repeat`` times, each in a fresh
 process (wall time, CPU time, peak memory), beside the floor every reader pays: ``json.load`` of the same file
 (the cyclic collector paused, as the reader pauses it), whose ratio is printed.
 
@@ -110,11 +110,11 @@ def _cpu() -> float:
 def child(mode: str, path: str) -> dict:
     """One measurement in this (fresh) process; its imports are not timed, its peak memory is the process's."""
     from flopcount import collector
-    from flopcount.profiles import kineto
+    from flopcount.profiles import analyze_trace
 
     t, c = time.perf_counter(), _cpu()
     if mode == "analyze":
-        res = kineto.analyze(path)
+        res = analyze_trace(path)
         extra = {"ops": int(res.ops["calls"].sum()), "kernels": int(res.ops["kernels"].sum()),
                  "flops": float(res.report.total()) if res.report is not None else 0.0}
     else:

@@ -22,7 +22,7 @@ import pandas as pd
 
 from flopcount.profiles import markers
 # the file checks are the current reader's (they cost nothing beside the load): only the loading is the old one's
-from flopcount.profiles.nsys import ProfileError, _columns, _event_type_ids, _query, check_schema
+from flopcount.profiles.nsys_export import ProfileError, check_schema, columns, event_type_ids, query
 
 
 @dataclass
@@ -71,18 +71,18 @@ def load(path) -> Profile:
     con = _connect(path)
     try:
         meta = check_schema(con, path)
-        push, start_end = _event_type_ids(con, path)
-        cols = _columns(con, "NVTX_EVENTS", path)
+        push, start_end = event_type_ids(con, path)
+        cols = columns(con, "NVTX_EVENTS", path)
         # Range text is inline (`text`) or a registered string (`textId` -> StringIds); either may be absent.
         text = "COALESCE(n.text, s.value)" if {"text", "textId"} <= cols else ("n.text" if "text" in cols else "s.value")
         join = "LEFT JOIN StringIds s ON s.id = n.textId" if "textId" in cols else ""
         in_push = ",".join(map(str, push))
-        rows = _query(con, f"SELECT start, end, tid, {markers.sql_columns('txt')} FROM "
+        rows = query(con, f"SELECT start, end, tid, {markers.sql_columns('txt')} FROM "
                            f"(SELECT n.start AS start, n.end AS end, n.globalTid AS tid, COALESCE({text}, '') AS txt "
                            f"FROM NVTX_EVENTS n {join} WHERE n.eventType IN ({in_push}) AND n.end IS NOT NULL)", path)
         ranges = _frame(rows, ["start", "end", "tid", "name", "seq", "op_id", "sizes"],
                         [np.int64, np.int64, np.int64, object, np.int64, np.int64, object])
-        n_start_end = _query(con, "SELECT count(*) FROM NVTX_EVENTS WHERE eventType IN "
+        n_start_end = query(con, "SELECT count(*) FROM NVTX_EVENTS WHERE eventType IN "
                                   f"({','.join(map(str, start_end))})", path)[0][0]
         if ranges.empty:
             raise ProfileError(f"{path}: NVTX_EVENTS holds no push/pop ranges: the capture had no emit_nvtx "
@@ -90,15 +90,15 @@ def load(path) -> Profile:
         ranges = ranges.sort_values(["tid", "start", "end"], ascending=[True, True, False], kind="stable")
         ranges = ranges.reset_index(drop=True)
 
-        krows = _query(con, "SELECT start, end, correlationId, globalPid, demangledName "
+        krows = query(con, "SELECT start, end, correlationId, globalPid, demangledName "
                             "FROM CUPTI_ACTIVITY_KIND_KERNEL", path)
         kernels = _frame(krows, ["start", "end", "corr", "pid", "name_id"],
                          [np.int64, np.int64, np.float64, np.float64, np.int64])
-        rrows = _query(con, "SELECT correlationId, globalTid, start FROM CUPTI_ACTIVITY_KIND_RUNTIME "
+        rrows = query(con, "SELECT correlationId, globalTid, start FROM CUPTI_ACTIVITY_KIND_RUNTIME "
                             "WHERE correlationId IS NOT NULL", path)
         runtime = _frame(rrows, ["corr", "launch_tid", "launch_start"], [np.float64, np.int64, np.int64])
         kernels = _join_launches(kernels, runtime)
-        names = dict(_query(con, "SELECT id, value FROM StringIds WHERE id IN "
+        names = dict(query(con, "SELECT id, value FROM StringIds WHERE id IN "
                                  "(SELECT DISTINCT demangledName FROM CUPTI_ACTIVITY_KIND_KERNEL)", path))
         kernels["name"] = kernels["name_id"].map(names).fillna("")
     finally:

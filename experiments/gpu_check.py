@@ -69,10 +69,10 @@ def _time(model_name, batch, device, autocast, steps):
 def _profiles(model_name, batch, device, out):
     """Dispatch, trace and (with nsys on a GPU) NVTX counts of one recorded step of ``model_name``."""
     import flopcount
-    from flopcount.profiles import kineto
-    from flopcount.profiles.capture import capture, capture_kineto, training_step
+    from flopcount.profiles import analyze_trace
+    from flopcount.capture import capture, capture_kineto, training_step
 
-    trace = kineto.analyze(capture_kineto(model_name, batch, out=os.path.join(out, f"{model_name}-trace"),
+    trace = analyze_trace(capture_kineto(model_name, batch, out=os.path.join(out, f"{model_name}-trace"),
                                           device=device))
     nvtx = None
     if device == "cuda" and shutil.which("nsys"):

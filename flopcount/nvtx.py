@@ -43,10 +43,8 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from .errors import FlopcountError
+from .range_texts import DOMAIN, PHASES, STEP_PREFIX, module_label, module_text, parse_text  # noqa: F401
 
-DOMAIN = "flopcount"
-PHASES = ("forward", "backward", "optimizer")
-STEP_PREFIX = "step "
 # ARGB; the nvtx package takes an int as it is
 COLORS = {"step": 0xFF8C8C8C, "forward": 0xFF2CA02C, "backward": 0xFFD62728, "optimizer": 0xFF1F77B4}
 MODULE_COLORS = {"forward": 0xFF98DF8A, "backward": 0xFFFF9896}
@@ -73,30 +71,6 @@ def resolve_domain(domain="flopcount"):
     if not getattr(nvtx, "enabled", lambda: True)() or type(d).__name__ == "DummyDomain":
         return None
     return d
-
-
-# --- range texts: the one place that writes them; profiles.annotations reads them back with parse_text ---------
-def module_label(path: str, module=None) -> str:
-    return path if path else f"[{type(module).__name__ if module is not None else ''}]"
-
-
-def module_text(direction: str, label: str) -> str:
-    return f"{direction}: {label}"
-
-
-def parse_text(text: str):
-    """``(kind, name, direction)`` of a range text of this domain: ("step", "3", ""), ("phase", "backward", ""),
-    ("module", "layer1.0", "forward") (the root as ""), or ("other", text, "")."""
-    if text.startswith(STEP_PREFIX) and text[len(STEP_PREFIX):].isdigit():
-        return "step", text[len(STEP_PREFIX):], ""
-    if text in PHASES:
-        return "phase", text, ""
-    for direction in ("forward", "backward"):
-        head = direction + ": "
-        if text.startswith(head):
-            label = text[len(head):]
-            return "module", "" if label.startswith("[") and label.endswith("]") else label, direction
-    return "other", text, ""
 
 
 # --- the ranges of one thread -----------------------------------------------------------------------------------

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from flopcount.cli import main as cli
-from flopcount.profiles import analyze, annotations, load
-from flopcount.profiles.capture import read_steps
+from flopcount.profiles import analyze, annotations, load, nsys_export
+from flopcount.capture import read_steps
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -188,7 +188,7 @@ def test_capture_reading_gives_one_step_and_each_steps_time(resnet18):
 
 def test_study_nvtx_method_reads_flops_and_batch_time_from_the_profile(resnet18, monkeypatch):
     path, counted = resnet18.path, resnet18.counted
-    from flopcount.profiles import capture as capture_mod
+    from flopcount import capture as capture_mod
     from flopcount.study import StudyConfig, TorchBackend
 
     asked = {}
@@ -208,7 +208,7 @@ def test_study_nvtx_method_reads_flops_and_batch_time_from_the_profile(resnet18,
 # --- the real export: registered strings and domains ------------------------------------------------------------
 @needs_real
 def test_real_export_registered_strings_and_domains_match_a_plain_query():
-    got = annotations.read_ranges(str(REAL))
+    got = nsys_export.read_nvtx_ranges(str(REAL))
     # independent: every range with its domain and its text, inline or looked up in StringIds
     want = _sql(REAL, """SELECT n.start, n.end, n.globalTid, n.domainId, COALESCE(n.text, s.value), n.textId IS NOT NULL
                          FROM NVTX_EVENTS n LEFT JOIN StringIds s ON s.id = n.textId

@@ -145,7 +145,7 @@ def test_the_cuda_style_profile_of_a_step_equals_a_real_gpu_recording_of_it(tmp_
     gradients and stops after backward, so those rows are the recording's alone.)"""
     import torch.nn.functional as F
 
-    from flopcount.profiles import kineto
+    from flopcount.profiles import analyze_trace
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(128, 128), torch.nn.ReLU())
@@ -154,7 +154,7 @@ def test_the_cuda_style_profile_of_a_step_equals_a_real_gpu_recording_of_it(tmp_
                         cuda="efficient")
     key = ["op", "phase"]
     generated = analyze(path).report.frame
-    recorded = kineto.analyze(MI250).report.frame
+    recorded = analyze_trace(MI250).report.frame
     recorded = recorded[(recorded.phase != "optimizer") & (recorded.op != "aten.add_")]
     work = lambda f: f[f.flops > 0].groupby(key)[["flops", "calls"]].sum()  # noqa: E731
     assert work(generated).equals(work(recorded)), (work(generated), work(recorded))

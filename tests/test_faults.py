@@ -153,7 +153,7 @@ def test_a_counting_note_always_says_why(monkeypatch):
 
     import flopcount
     import flopcount.formulas
-    from flopcount.profiles.flops import derive
+    from flopcount.profiles.marker_args import derive
 
     # a marker with a negative size: not counted, and the note says what was wrong with it
     for sizes in ([[-2, 3], [3, 4]], [[-2, 3], [3, -4]]):  # the second one's count would even come out positive

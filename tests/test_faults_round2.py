@@ -269,7 +269,7 @@ def test_ctrl_c_while_torch_imports_is_one_line(tmp_path):
 def test_ctrl_c_while_reading_a_profile_says_so(capsys, monkeypatch):
     pytest.importorskip("pyarrow")
     pytest.importorskip("adbc_driver_sqlite")
-    import flopcount.profiles.nsys as nsys
+    import flopcount.profiles.nsys_export as nsys
 
     def interrupted(*a, **k):  # while the kernels are read on the second thread
         raise KeyboardInterrupt

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from flopcount.cli import main as cli
-from flopcount.profiles import analyze, kineto
-from flopcount.profiles.flops import Context, derive
+from flopcount.profiles import analyze, analyze_trace, kineto_trace
+from flopcount.profiles.marker_args import Context, derive
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -89,7 +89,7 @@ def test_cudnn_rnn_backward_all_gradients():
 # --- torch.profiler traces ---------------------------------------------------------------------------------------
 @needs_kineto
 def test_mi250_mlp_equals_hand_count():
-    a = kineto.analyze(MI250)
+    a = analyze_trace(MI250)
     # forward: addmm 2*5*128*128 + 5*128 bias; relu 640; mse_loss 640 * (subtract, square, reduce)
     assert a.report.total("forward") == 164_480 + 640 + 1_920
     # backward: mse_loss_backward 640 * 4 (mean), threshold_backward 640, weight grad mm 2*128*5*128, bias sum
@@ -122,7 +122,7 @@ def _leaf_matmul_flops(path):
 @needs_kineto
 def test_matmul_flops_equal_an_independent_sum():
     sampled = KINETO / "sampled_rank0_train.json.gz"
-    a = kineto.analyze(sampled)
+    a = analyze_trace(sampled)
     mine = int(a.ops[a.ops["op"].isin(["aten.mm", "aten.addmm", "aten.bmm"])]["flops"].sum())
     assert mine == _leaf_matmul_flops(sampled) > 0
 
@@ -131,7 +131,7 @@ def test_matmul_flops_equal_an_independent_sum():
 def test_integer_ops_are_zero_even_where_their_sizes_fit_no_schema():
     """The sampled trace's TorchScript ops record their inputs shifted (a leading empty entry): an op on integer
     tensors only is still no floating-point work; a float op whose sizes fit no schema stays listed, not 0."""
-    a = kineto.analyze(KINETO / "sampled_rank0_train.json.gz")
+    a = analyze_trace(KINETO / "sampled_rank0_train.json.gz")
     underived = [n for n in a.notes if n.startswith("FLOPs not derived")]
     assert not any(" of aten.cumsum:" in n or " of aten.sum:" in n or " of aten.eq:" in n for n in underived)
     assert any(" of aten.pow:" in n and "fit no schema" in n for n in underived)
@@ -139,7 +139,7 @@ def test_integer_ops_are_zero_even_where_their_sizes_fit_no_schema():
 
 @needs_kineto
 def test_a100_trace_devices_and_time():
-    a = kineto.analyze(A100)
+    a = analyze_trace(A100)
     assert a.devices[0] == "NVIDIA A100-PG509-200" and a.kernels > 8_000 and a.kernels_unlaunched == 0
     assert a.gpu_seconds("backward") > 0 and a.flops_per_s("backward") > 0
     # every matmul is its own op, counted once: exactly the sum worked out from the file (this trace has ops of
@@ -178,7 +178,7 @@ def test_cpu_trace_equals_dispatch(tmp_path, name):
     import torch
 
     import flopcount
-    from flopcount.profiles.capture import training_step
+    from flopcount.capture import training_step
 
     if name == "transformer_block":
         model, x = _block()
@@ -193,7 +193,7 @@ def test_cpu_trace_equals_dispatch(tmp_path, name):
         loss = None
     path = tmp_path / f"{name}.json"
     _record(step).export_chrome_trace(str(path))
-    a = kineto.analyze(path)
+    a = analyze_trace(path)
     counted = flopcount.count(model, x, loss_fn=loss) if loss else flopcount.count(model, x)
     for phase in ("forward", "backward"):
         assert a.report.total(phase) == counted.total(phase) > 0, phase
@@ -427,11 +427,11 @@ def test_fuzz_readers(small_profile, tmp_path, capsys):
 def test_trace_reader_restores_the_collector():
     import gc
 
-    kineto.load(MI250)
+    kineto_trace.load(MI250)
     assert gc.isenabled()
     gc.disable()
     try:
-        kineto.load(MI250)
+        kineto_trace.load(MI250)
         assert not gc.isenabled()  # a caller's choice is left as it was
     finally:
         gc.enable()
@@ -456,7 +456,7 @@ def test_gpu_check_analysis_on_a_trace():
         def total(self, phase):
             return {"forward": 167_040, "backward": 184_192}[phase]
 
-    row = gpu_check.counts_side_by_side(Counted(), kineto.analyze(MI250))
+    row = gpu_check.counts_side_by_side(Counted(), analyze_trace(MI250))
     assert row["forward"] == {"dispatch": 167_040, "trace": 167_040, "nvtx": None}
     assert row["backward"]["trace"] == row["backward"]["dispatch"]
 

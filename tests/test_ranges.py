@@ -6,7 +6,7 @@ import random
 import numpy as np
 import pandas as pd
 
-from flopcount.profiles.ranges import innermost, nest, nest_levels
+from flopcount.profiles.nesting import innermost, nest, nest_levels
 
 
 def stack_nesting(start, end, tid):

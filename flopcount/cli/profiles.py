@@ -50,13 +50,13 @@ def run(args) -> int:
     if args.command == "capture":
         return _capture(args)
     if args.command == "trace":
-        from ..profiles import kineto
+        from ..profiles import analyze_trace
 
         if args.module_ranges is not None and args.by != "module":  # said before a large trace is read
             raise UsageError("--module-ranges applies to --by module")
         if args.by == "module":
             return _annotated(args, trace=True)
-        a = kineto.analyze(args.profile, naive=args.naive)
+        a = analyze_trace(args.profile, naive=args.naive)
         if args.by == "phase":
             return _by_phase(args, a)
         return _by_kernels(args, a) if args.by in KERNEL_KEYS else _print(args, a, "trace")
@@ -149,7 +149,7 @@ def _print(args, a, kind: str) -> int:
 
 
 def _capture(args) -> int:
-    from ..profiles.capture import capture, capture_kineto
+    from ..capture import capture, capture_kineto
 
     if args.kineto:
         path = capture_kineto(args.model, args.batch, out=args.out, input_shape=args.input_shape,

@@ -1,19 +1,35 @@
 """Recorded profiles -> per-op FLOPs and device time, each op counted once.
 
-``analyze(path, naive=False)`` reads an ``nsys export --type sqlite`` file of a step recorded under
-``torch.autograd.profiler.emit_nvtx(record_shapes=True)`` and returns an :class:`Analysis`: the per-op table (naive
-and de-duplicated FLOPs, calls, kernels, GPU seconds, achieved FLOP/s) and a FlopReport of the de-duplicated count.
+One module per question: ``nsys_export`` reads an ``nsys export --type sqlite`` file, ``kineto_trace`` a
+torch.profiler trace, both into one :class:`Profile` (``profile``); ``nesting`` builds the range trees,
+``markers`` splits a marker's text, ``marker_args`` fills in the arguments a marker leaves out and
+``marker_flops`` prices each marker from the formula table; ``dedup`` counts each op once (an op's
+children and its autograd node's repeats are not counted again) and gives an :class:`Analysis`;
+``annotations`` charges kernels and FLOPs to the ranges ``flopcount.nvtx.annotate`` marks (steps, phases,
+modules), or to a user's own module ranges.
 
-``annotations.load(path)`` reads the ranges ``flopcount.nvtx.annotate`` marks in a training loop (steps, phases,
-modules) and charges the kernels, and the ops' FLOPs where emit_nvtx markers are nested inside, to them; for modules,
-a user's own ranges named by module path can stand in (``load(path, by="module", module_ranges=...)``), and
-``annotations.load_trace(path)`` does the same from a torch.profiler trace's ``record_function`` ranges.
-
-This is not an estimator of the registry: an estimator runs ``estimate(model, inputs)`` itself, while this reads
-what a GPU recorded earlier (``capture`` records such a profile where a GPU and nsys are present).
+``analyze(path)`` here reads an Nsight export and analyses it, ``analyze_trace(path)`` a torch.profiler trace;
+``analyze(profile)`` takes a loaded profile of either reader. Recording a profile is ``flopcount.capture``'s, beside this package.
 """
-from .analyze import Analysis, analyze, compare_dispatch
-from .markers import Marker, parse as parse_marker
-from .nsys import Profile, ProfileError, load
 
-__all__ = ["analyze", "Analysis", "compare_dispatch", "parse_marker", "Marker", "load", "Profile", "ProfileError"]
+import os
+
+from . import dedup, kineto_trace
+from .dedup import Analysis, compare_dispatch
+from .markers import Marker, parse as parse_marker
+from .nsys_export import load
+from .profile import Profile, ProfileError
+
+__all__ = ["analyze", "analyze_trace", "Analysis", "compare_dispatch", "parse_marker", "Marker", "load", "Profile", "ProfileError"]
+
+
+def analyze(profile, naive: bool = False) -> Analysis:
+    """:func:`dedup.analyze` of a loaded profile, or of the Nsight export at a path."""
+    if not isinstance(profile, Profile):
+        profile = load(os.fspath(profile))
+    return dedup.analyze(profile, naive=naive)
+
+
+def analyze_trace(path, naive: bool = False) -> Analysis:
+    """:func:`dedup.analyze` of the torch.profiler trace at a path."""
+    return dedup.analyze(kineto_trace.load(path), naive=naive)

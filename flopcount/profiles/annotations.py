@@ -14,7 +14,7 @@ What is charged to a range:
 * module ranges: the kernels launched inside the range on its own thread; a kernel under nested module ranges
   goes to the innermost (self time; ``_incl`` columns add a module's submodules, by dotted path);
 * FLOPs, where the profile has ``emit_nvtx(record_shapes=True)`` markers: each op's de-duplicated FLOPs (see
-  analyze.py) to the ranges open at the op's start, by the same rules. Ops and kernels outside every module range
+  dedup.py) to the ranges open at the op's start, by the same rules. Ops and kernels outside every module range
   belong to the root ``""`` (the loss and the optimizer), as in ``flopcount count --by module``.
 
 Tables are per step: the mean over the marked steps (the profile's totals where no step is marked).
@@ -36,106 +36,17 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from ..nvtx import DOMAIN, PHASES, parse_text
+from ..range_texts import DOMAIN, PHASES, parse_text
 from ..report import UNCOUNTED
-from . import nsys
-from .ranges import innermost, nest
+from . import kineto_trace, nsys_export
+from .dedup import analyze
+from .nesting import innermost, nest
+from .profile import Profile, ProfileError
 
-_DOMAIN_CREATE = 75
 NO_MARKERS = "no emit_nvtx markers in this profile: GPU times only, no FLOPs"
 NO_SHAPES = "the emit_nvtx markers were recorded without shapes: GPU times only, no FLOPs"
 # A range text that names a module: ``layer1.0.conv1``, ``0`` (a Sequential's first child): names joined by dots
 MODULE_PATH = re.compile(r"[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)*")
-
-
-def _enum(con, path) -> dict:
-    push, start_end = nsys._event_type_ids(con, path)
-    ids = {"push": push, "start_end": start_end, "domain": (_DOMAIN_CREATE,)}
-    rows = nsys._query(con, "SELECT name FROM sqlite_master WHERE type='table' AND name='ENUM_NSYS_EVENT_TYPE'", path)
-    if rows:
-        found = nsys._query(con, "SELECT id FROM ENUM_NSYS_EVENT_TYPE WHERE name='NvtxDomainCreate'", path)
-        ids["domain"] = tuple(i for i, in found) or ids["domain"]
-    return ids
-
-
-def _text_sql(cols: set) -> tuple:
-    if "textId" in cols:
-        text = "COALESCE(n.text, s.value)" if "text" in cols else "s.value"
-        return text, "LEFT JOIN StringIds s ON s.id = n.textId"
-    return "n.text", ""
-
-
-def domains(con, path) -> pd.DataFrame:
-    """Every domain created in the export: ``proc`` (process), ``domain_id``, ``name``."""
-    cols = nsys._columns(con, "NVTX_EVENTS", path)
-    rows = []
-    if "domainId" in cols:
-        text, join = _text_sql(cols)
-        ids = ",".join(map(str, _enum(con, path)["domain"]))
-        rows = nsys._query(con, f"SELECT DISTINCT n.globalTid >> 24, n.domainId, {text} FROM NVTX_EVENTS n {join} "
-                                f"WHERE n.eventType IN ({ids}) AND n.domainId IS NOT NULL", path)
-    if not rows:
-        return pd.DataFrame({"proc": pd.Series(dtype=np.int64), "domain_id": pd.Series(dtype=np.int64),
-                             "name": pd.Series(dtype=object)})
-    return pd.DataFrame.from_records(rows, columns=["proc", "domain_id", "name"])
-
-
-def domain_filter(con, path, domain: str = DOMAIN):
-    """(SQL condition on ``NVTX_EVENTS n`` that leaves ``domain``'s ranges out, how many ranges it leaves out).
-
-    The annotator's ranges nest among themselves but not with emit_nvtx's: a module's backward opens inside one
-    node's engine range and closes inside another's, so the op reader must not see them."""
-    d = domains(con, path)
-    d = d[d["name"] == domain]
-    if d.empty:
-        return "1", 0
-    own = " OR ".join(f"(COALESCE(n.domainId, -1) = {int(i)} AND (n.globalTid >> 24) = {int(p)})"
-                      for p, i in zip(d["proc"], d["domain_id"]))
-    count = nsys._query(con, f"SELECT count(*) FROM NVTX_EVENTS n WHERE {own}", path)[0][0]
-    return f"NOT ({own})", int(count)
-
-
-def read_ranges(path, domain: Optional[str] = None) -> pd.DataFrame:
-    """Every NVTX range of the export (of ``domain`` only, where given): ``start, end, tid, end_tid, kind``
-    (``push/pop`` or ``start/end``), ``domain_id``, ``domain`` (its name, ``""`` where the file lacks the domain's
-    creation, as a time window cut from a capture may), ``text`` (inline or registered) and ``registered``."""
-    con = nsys._connect(path)
-    try:
-        nsys.check_schema(con, path)
-        cols = nsys._columns(con, "NVTX_EVENTS", path)
-        ids = _enum(con, path)
-        text, join = _text_sql(cols)
-        dom = "n.domainId" if "domainId" in cols else "NULL"
-        end_tid = "n.endGlobalTid" if "endGlobalTid" in cols else "NULL"
-        registered = "n.textId IS NOT NULL" if "textId" in cols else "0"
-        kinds = ",".join(map(str, ids["push"] + ids["start_end"]))
-        push = ",".join(map(str, ids["push"]))
-        known = domains(con, path)
-        where = ""
-        if domain is not None:
-            known = known[known["name"] == domain]
-            if known.empty:
-                where = " AND 0"
-            else:
-                where = " AND (" + " OR ".join(f"({dom} = {int(i)} AND (n.globalTid >> 24) = {int(p)})"
-                                               for p, i in zip(known["proc"], known["domain_id"])) + ")"
-        rows = nsys._query(con, f"SELECT n.start, n.end, n.globalTid, {end_tid}, "
-                                f"CASE WHEN n.eventType IN ({push}) THEN 'push/pop' ELSE 'start/end' END, "
-                                f"{dom}, COALESCE({text}, ''), {registered} FROM NVTX_EVENTS n {join} "
-                                f"WHERE n.eventType IN ({kinds}) AND n.end IS NOT NULL{where}", path)
-    finally:
-        con.close()
-    f = pd.DataFrame.from_records(rows, columns=["start", "end", "tid", "end_tid", "kind", "domain_id", "text",
-                                                 "registered"]) if rows else pd.DataFrame(
-        {c: pd.Series(dtype=t) for c, t in [("start", np.int64), ("end", np.int64), ("tid", np.int64),
-                                            ("end_tid", object), ("kind", object), ("domain_id", object),
-                                            ("text", object), ("registered", bool)]})
-    f["registered"] = f["registered"].astype(bool)
-    f["proc"] = f["tid"].to_numpy(np.int64) >> 24
-    names = {(int(p), int(i)): n for p, i, n in zip(known["proc"], known["domain_id"], known["name"])}
-    f["domain"] = [names.get((p, int(i)), "") if i == i and i is not None else ""
-                   for p, i in zip(f["proc"], f["domain_id"])]
-    return f.sort_values(["tid", "start", "end"], ascending=[True, True, False], kind="stable").reset_index(drop=True)
 
 
 @dataclass
@@ -271,7 +182,7 @@ def user_module_ranges(path, module_ranges: Optional[str] = None) -> tuple:
     domain's name (every range of that domain named like a module path), else a prefix (ranges of any domain but
     flopcount's whose text starts with it, the rest naming the module); None: the default domain's ranges named
     like a module path."""
-    rng = read_ranges(path)
+    rng = nsys_export.read_nvtx_ranges(path)
     rng = rng[rng["domain"] != DOMAIN]
     if module_ranges is None:
         # the default domain is id 0; a domain whose creation the file lacks also has no name, but is not it
@@ -295,12 +206,11 @@ def user_module_ranges(path, module_ranges: Optional[str] = None) -> tuple:
 
 def read(profile, analysis=None, domain: str = DOMAIN, module_ranges: Optional[str] = None,
          user_ranges: bool = False) -> Annotations:
-    """The annotator's ranges of ``profile`` (a path or a loaded ``nsys.Profile``) with the kernels and the ops'
+    """The annotator's ranges of ``profile`` (a path or a loaded ``Profile``) with the kernels and the ops'
     FLOPs charged to them; ``analysis`` is ``analyze(profile)`` where the caller has it already. With
     ``user_ranges`` (or a ``module_ranges`` rule, see ``user_module_ranges``), the user's module ranges instead."""
-    prof = profile if isinstance(profile, nsys.Profile) else nsys.load(profile)
+    prof = profile if isinstance(profile, Profile) else nsys_export.load(profile)
     if analysis is None and len(prof.ranges):
-        from .analyze import analyze
 
         analysis = analyze(prof)
     notes = []
@@ -311,7 +221,7 @@ def read(profile, analysis=None, domain: str = DOMAIN, module_ranges: Optional[s
                          "work on a thread with none open (a GPU's backward, on the autograd engine's) is the "
                          "root's")
     else:
-        rng = read_ranges(prof.path, domain)
+        rng = nsys_export.read_nvtx_ranges(prof.path, domain)
         parsed = [parse_text(t) for t in rng["text"]]
         rng["kind"] = [p[0] for p in parsed]
         rng["name"] = [p[1] for p in parsed]
@@ -377,29 +287,28 @@ def load(path, domain: str = DOMAIN, by: Optional[str] = None, module_ranges: Op
     ``by="module"``: the user's module ranges instead where ``module_ranges`` is given, or where the file has none
     of the annotator's ranges (see ``user_module_ranges``). Raises ProfileError where the file holds no such
     ranges."""
-    prof = nsys.load(path)
+    prof = nsys_export.load(path)
     analysis = None
     if len(prof.ranges):
-        from .analyze import analyze
 
         analysis = analyze(prof)
     if module_ranges is not None:
         ann = read(prof, analysis, module_ranges=module_ranges)
         if ann.ranges.empty:
-            raise nsys.ProfileError(f"{prof.path}: no NVTX range named like a module path (layer1.0.conv1) in a "
+            raise ProfileError(f"{prof.path}: no NVTX range named like a module path (layer1.0.conv1) in a "
                                     f"domain {module_ranges!r}, nor one named {module_ranges!r} + a module path")
         return ann
     ann = read(prof, analysis, domain=domain)
     if ann.ranges.empty and by == "module":
         ann = read(prof, analysis, user_ranges=True)
         if ann.ranges.empty:
-            raise nsys.ProfileError(
+            raise ProfileError(
                 f"{prof.path}: no ranges of the NVTX domain {domain!r} and none named like a module path "
                 "(emit_nvtx's name ops, not modules): mark the loop with flopcount.nvtx.annotate, or push a range "
                 "named by module path (layer1.0.conv1) around each module, with --module-ranges DOMAIN_OR_PREFIX "
                 "where they are in a domain of their own or carry a prefix")
     if ann.ranges.empty:
-        raise nsys.ProfileError(f"{prof.path}: no ranges of the NVTX domain {domain!r}: mark the training loop with "
+        raise ProfileError(f"{prof.path}: no ranges of the NVTX domain {domain!r}: mark the training loop with "
                                 "flopcount.nvtx.annotate (see README, 'Annotating your own loop')")
     return ann
 
@@ -436,15 +345,13 @@ def load_trace(path, module_ranges: Optional[str] = None) -> Annotations:
     time in a trace without device activity) goes to the innermost module range (see ``trace_module_ranges``)
     open on its own thread at its start; what runs outside every one is the root's. Raises ProfileError where the
     trace holds no such range."""
-    from . import kineto
-    from .analyze import analyze
 
-    prof = kineto.load(path)
+    prof = kineto_trace.load(path)
     rng, rule = trace_module_ranges(prof, module_ranges)
     if rng.empty:
         what = (f"named {module_ranges!r} + a module path" if module_ranges else
                 "named like a module path (features.0)")
-        raise nsys.ProfileError(
+        raise ProfileError(
             f"{prof.path}: no record_function range (user_annotation) {what}: wrap each module's call in "
             "torch.profiler.record_function(\"features.0\") (its dotted path in the model), with --module-ranges "
             "PREFIX where the names carry a prefix")

@@ -26,9 +26,9 @@ import pandas as pd
 from .. import formulas
 from ..report import FlopReport
 from . import markers
-from .nsys import Profile, ProfileError, load
-from .opflops import STATUS, op_flops
-from .ranges import innermost, nest_levels, subtree_sum
+from .marker_flops import STATUS, op_flops
+from .nesting import innermost, nest_levels, subtree_sum
+from .profile import Profile, ProfileError
 
 NO_SHAPES = ("this profile was recorded without record_shapes: FLOPs cannot be derived from its markers "
              "(capture with emit_nvtx(record_shapes=True)); GPU time per op follows")
@@ -167,11 +167,9 @@ def _kernel_sums(inner, in_range, kdur, k, op_of, n):
     return kcount_own, kcount, ktime, int_k, float_k
 
 
-def analyze(path_or_profile, naive: bool = False) -> Analysis:
-    """Analyse an Nsight Systems SQLite export (or a loaded Profile, of either reader). ``naive`` also shapes the
-    FlopReport: with it, the report holds the naive count instead of the de-duplicated one (``ops`` always has
-    both)."""
-    prof = path_or_profile if isinstance(path_or_profile, Profile) else load(path_or_profile)
+def analyze(prof: Profile, naive: bool = False) -> Analysis:
+    """Analyse a loaded profile (of either reader). ``naive`` also shapes the FlopReport: with it, the report holds
+    the naive count instead of the de-duplicated one (``ops`` always has both)."""
     if prof.ranges.empty:  # the file has only flopcount.nvtx's ranges: nothing marks an op
         raise ProfileError(f"{prof.path}: no emit_nvtx markers, only the ranges of flopcount.nvtx.annotate: read them "
                            "with --by step|phase|module (profiles.annotations)")

@@ -12,7 +12,7 @@ What a trace gives, per event (``ph: "X"``, times in microseconds):
 * ``kernel``, ``gpu_memcpy``, ``gpu_memset``: device activity with the ``correlation`` of its launch;
 * ``deviceProperties`` (top level): the GPUs' names.
 
-The ops become ranges and the device activity kernels of the same :class:`~flopcount.profiles.nsys.Profile` the
+The ops become ranges and the device activity kernels of the same :class:`~flopcount.profiles.profile.Profile` the
 Nsight reader makes, so one analysis (de-duplication, FLOPs per distinct call, kernels to the innermost op through
 their launch) serves both. Sequence numbers are per forward thread: a forward op's number is keyed by its thread,
 and a backward node's by the thread its ``Fwd thread id`` names, found as the forward thread whose ops carry most
@@ -33,10 +33,10 @@ import numpy as np
 import pandas as pd
 
 from .. import collector
-from . import files, markers, sanity
-from .files import ProfileError
+from . import markers, sanity
 from .launches import LaunchIndex
-from .nsys import Profile, sort_ranges
+from .nesting import sort_ranges
+from .profile import Profile, ProfileError, check_path, head
 
 RANGE_CATS = {"cpu_op", "user_annotation"}
 LAUNCH_CATS = {"cuda_runtime", "cuda_driver"}
@@ -46,8 +46,8 @@ _LIMIT = 1 << 62  # times in nanoseconds, and ids, beyond this are not a trace's
 
 
 def _read_json(path: str):
-    files.check_path(path)
-    gz = files.head(path, 2) == b"\x1f\x8b"
+    check_path(path)
+    gz = head(path, 2) == b"\x1f\x8b"
     try:
         if gz:
             with gzip.open(path, "rb") as fh:
@@ -283,9 +283,3 @@ def _kernels(device, launches, skipped) -> pd.DataFrame:
     k["name"] = pd.Categorical(np.array(name, dtype=object))
     return k[["start", "end", "launch_tid", "launch_start", "name", "device", "stream"]]
 
-
-def analyze(path, naive: bool = False):
-    """Per-op FLOPs, device time and FLOP/s of a torch.profiler trace (see :func:`flopcount.profiles.analyze`)."""
-    from .analyze import analyze as _analyze
-
-    return _analyze(load(path), naive=naive)

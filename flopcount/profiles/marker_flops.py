@@ -19,8 +19,8 @@ import pandas as pd
 from .. import formulas
 from ..report import COUNTED, UNCOUNTED, ZERO
 from . import markers
-from .flops import ATTENTION_NOTE, POOL_NOTE, SCALE_NOTE, Context, derive
-from .ranges import ancestors_fill
+from .marker_args import ATTENTION_NOTE, POOL_NOTE, SCALE_NOTE, Context, derive
+from .nesting import ancestors_fill
 
 STATUS = np.array(["", COUNTED, UNCOUNTED, ZERO], dtype=object)
 _NONE, _COUNTED, _UNCOUNTED, _ZERO = 0, 1, 2, 3

@@ -26,53 +26,29 @@ import os
 import sqlite3
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from typing import Optional
 from urllib.parse import quote
 
 import numpy as np
 import pandas as pd
 
-from . import arrowsplit, files, sanity
-from .files import ProfileError
+from ..range_texts import DOMAIN
+from . import arrowsplit, sanity
 from .launches import read_kernels
+from .nesting import thread_order
+from .profile import Profile, ProfileError, check_path, head
 from .sqlarrow import Growing, arrow, as_text, batches, count, ints, row_bound
 
 REQUIRED_TABLES = ("StringIds", "NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME",
                    "META_DATA_EXPORT")
 # ENUM_NSYS_EVENT_TYPE ids, used when the file lacks the enum table (they have been stable across versions).
 _PUSH_POP, _START_END = 59, 60
+_DOMAIN_CREATE = 75
 _OLDEST_SCHEMA_MAJOR = 3  # the export schema whose column names this reader uses
 MAX_TEXT = 1 << 20  # longer marker texts are skipped: no op's marker comes near it
 __all__ = ["Profile", "ProfileError", "load", "check_schema"]
 
 
-@dataclass
-class Profile:
-    """What the analysis needs from one export.
-
-    ``ranges``: push/pop NVTX ranges (start, end, tid, and the marker split into ``name`` (categorical), ``seq``
-    (-1 where absent), ``sizes`` (categorical text of the marker's sizes; missing where absent)), sorted by
-    (tid, start, -end).
-    ``kernels``: every kernel with its launching thread and launch time (``launch_tid`` is -1 where the launch
-    is not in the file: a capture window that cut the runtime call off, or a launch API that was not traced).
-    ``skipped``: rows left out, by reason. ``sizes_format``: how ``sizes`` is written (``nvtx`` markers here).
-    """
-
-    path: str
-    ranges: pd.DataFrame
-    kernels: pd.DataFrame
-    schema_version: str = ""
-    product_version: str = ""
-    start_end_ranges: int = 0
-    skipped: dict = field(default_factory=dict)
-    notes: list = field(default_factory=list)
-    sizes_format: str = "nvtx"
-    cpu_times: bool = False  # True where op time is the ranges' own (a trace without kernels)
-    devices: list = field(default_factory=list)
-
-    @property
-    def unlaunched(self) -> int:
-        return int((self.kernels["launch_tid"] < 0).sum())
 
 
 def _uri(path: str, immutable: bool) -> str:
@@ -81,8 +57,8 @@ def _uri(path: str, immutable: bool) -> str:
 
 def _open(path: str):
     """(sqlite3 connection, uri, notes): read-only; immutable unless a WAL beside the file holds rows."""
-    files.check_path(path)
-    if files.head(path) != b"SQLite format 3\x00":
+    check_path(path)
+    if head(path) != b"SQLite format 3\x00":
         raise ProfileError(f"{path}: not an SQLite file (export the report with: nsys export --type sqlite)")
     _refuse_hot_journal(path)
     notes = []
@@ -124,11 +100,11 @@ def _refuse_hot_journal(path: str) -> None:
                            "export the profile again")
 
 
-def _connect(path: str) -> sqlite3.Connection:
+def connect(path: str) -> sqlite3.Connection:
     return _open(path)[0]
 
 
-def _query(con, sql: str, path: str, params=()):
+def query(con, sql: str, path: str, params=()):
     try:
         return con.execute(sql, params).fetchall()
     except sqlite3.DatabaseError as exc:  # a truncated file fails here, not at connect time
@@ -137,13 +113,13 @@ def _query(con, sql: str, path: str, params=()):
         raise ProfileError(f"{path}: corrupt SQLite file (a schema or message that is not valid text)") from None
 
 
-def _columns(con, table: str, path: str) -> set:
-    return {row[1] for row in _query(con, f"PRAGMA table_info([{table}])", path)}
+def columns(con, table: str, path: str) -> set:
+    return {row[1] for row in query(con, f"PRAGMA table_info([{table}])", path)}
 
 
 def check_schema(con, path: str) -> dict:
     """Raise ProfileError unless every table this reader needs is there; return META_DATA_EXPORT as a dict."""
-    tables = {r[0] for r in _query(con, "SELECT name FROM sqlite_master WHERE type='table'", path)}
+    tables = {r[0] for r in query(con, "SELECT name FROM sqlite_master WHERE type='table'", path)}
     if "NVTX_EVENTS" not in tables and tables & set(REQUIRED_TABLES):
         raise ProfileError(f"{path}: no NVTX_EVENTS table: the capture had no NVTX ranges "
                            "(profile with `nsys profile -t cuda,nvtx` inside torch.autograd.profiler.emit_nvtx)")
@@ -151,7 +127,7 @@ def check_schema(con, path: str) -> dict:
     if missing:
         what = "not an Nsight Systems export" if len(missing) == len(REQUIRED_TABLES) else "incomplete export"
         raise ProfileError(f"{path}: {what}: missing table(s) {', '.join(missing)}")
-    meta = {str(k): v for k, v in _query(con, "SELECT name, value FROM META_DATA_EXPORT LIMIT 1000", path)}
+    meta = {str(k): v for k, v in query(con, "SELECT name, value FROM META_DATA_EXPORT LIMIT 1000", path)}
     major = meta.get("EXPORT_SCHEMA_VERSION_MAJOR") or str(meta.get("EXPORT_SCHEMA_VERSION") or "").split(".")[0]
     if not str(major).isdigit() or len(str(major)) > 6:
         raise ProfileError(f"{path}: META_DATA_EXPORT has no EXPORT_SCHEMA_VERSION; not an nsys export")
@@ -162,17 +138,17 @@ def check_schema(con, path: str) -> dict:
             "CUPTI_ACTIVITY_KIND_KERNEL": {"start", "end", "correlationId", "globalPid", "demangledName"},
             "CUPTI_ACTIVITY_KIND_RUNTIME": {"start", "end", "correlationId", "globalTid"}}
     for table, cols in need.items():
-        lacking = cols - _columns(con, table, path)
+        lacking = cols - columns(con, table, path)
         if lacking:
             raise ProfileError(f"{path}: table {table} lacks column(s) {', '.join(sorted(lacking))}")
     return meta
 
 
-def _event_type_ids(con, path: str):
-    rows = _query(con, "SELECT name FROM sqlite_master WHERE type='table' AND name='ENUM_NSYS_EVENT_TYPE'", path)
+def event_type_ids(con, path: str):
+    rows = query(con, "SELECT name FROM sqlite_master WHERE type='table' AND name='ENUM_NSYS_EVENT_TYPE'", path)
     if not rows:
         return (_PUSH_POP,), (_START_END,)
-    ids = {n: i for i, n in _query(con, "SELECT id, name FROM ENUM_NSYS_EVENT_TYPE", path)
+    ids = {n: i for i, n in query(con, "SELECT id, name FROM ENUM_NSYS_EVENT_TYPE", path)
            if isinstance(i, int)}
     push = tuple(ids[n] for n in ("NvtxPushPopRange", "NvtxtPushPopRange") if n in ids) or (_PUSH_POP,)
     start = tuple(ids[n] for n in ("NvtxStartEndRange", "NvtxtStartEndRange") if n in ids) or (_START_END,)
@@ -213,7 +189,7 @@ def _range_batch(b):
 def _read_ranges(uri, path, con, push, skipped, where: str = "1"):
     """Push/pop ranges in (tid, start, -end) order, markers split; ``where``: an SQL condition on ``NVTX_EVENTS n``
     that a range must also meet (to leave out the ranges of a domain that does not nest with emit_nvtx's)."""
-    cols = _columns(con, "NVTX_EVENTS", path)
+    cols = columns(con, "NVTX_EVENTS", path)
     # Range text is inline (`text`) or a registered string (`textId` -> StringIds); either may be absent.
     text = "COALESCE(n.text, s.value)" if {"text", "textId"} <= cols else ("n.text" if "text" in cols else "s.value")
     join = "LEFT JOIN StringIds s ON s.id = n.textId" if "textId" in cols else ""
@@ -247,7 +223,7 @@ def _read_ranges(uri, path, con, push, skipped, where: str = "1"):
     values = np.array(sorted(threads), np.int64)
     rank = np.empty(len(values), np.int32)
     rank[[threads[int(v)] for v in values]] = np.arange(len(values), dtype=np.int32)
-    order, tid = _thread_order(start, end, rank[thread] if len(values) else thread, values)
+    order, tid = thread_order(start, end, rank[thread] if len(values) else thread, values)
     if order is not None:
         start, end, seq, name, size = (c[order] for c in (start, end, seq, name, size))
     return pd.DataFrame({"start": start, "end": end, "tid": tid,
@@ -256,46 +232,95 @@ def _read_ranges(uri, path, con, push, skipped, where: str = "1"):
                         copy=False)
 
 
-def _thread_order(start, end, rank, values):
-    """(permutation to (tid, start, -end) order or None, tid per row in that order) of ranges read in file order,
-    ``rank`` the row's thread's place among the sorted thread ids ``values``.
 
-    An export lists ranges in time order, threads interleaved: a stable counting sort of the thread ranks keeps
-    that order within each thread, far cheaper than sorting times; a full sort is the fallback."""
-    n = len(start)
-    if n > 1 and (start[1:] >= start[:-1]).all():
-        if len(values) == 1:
-            order, tid = None, np.full(n, values[0], np.int64)
-        else:
-            order = np.argsort(rank.astype(np.int16) if len(values) < 1 << 15 else rank, kind="stable")
-            tid = np.repeat(values, np.bincount(rank, minlength=len(values)))
-        s, e = (start, end) if order is None else (start[order], end[order])
-        if not ((tid[1:] == tid[:-1]) & (s[1:] == s[:-1]) & (e[1:] > e[:-1])).any():
-            return order, tid
-    tids = values[rank] if len(values) else np.zeros(n, np.int64)
-    order = np.lexsort((-end, start, tids))
-    return order, tids[order]
+def event_ids(con, path) -> dict:
+    push, start_end = event_type_ids(con, path)
+    ids = {"push": push, "start_end": start_end, "domain": (_DOMAIN_CREATE,)}
+    rows = query(con, "SELECT name FROM sqlite_master WHERE type='table' AND name='ENUM_NSYS_EVENT_TYPE'", path)
+    if rows:
+        found = query(con, "SELECT id FROM ENUM_NSYS_EVENT_TYPE WHERE name='NvtxDomainCreate'", path)
+        ids["domain"] = tuple(i for i, in found) or ids["domain"]
+    return ids
 
 
-def range_order(start: np.ndarray, end: np.ndarray, tid: np.ndarray):
-    """The permutation that orders ranges by (tid, start, -end), or None where they are in that order already."""
-    if len(start) < 2:
-        return None
-    values, rank = np.unique(tid, return_inverse=True) if len(tid) < 1 << 16 else _ranks(tid)
-    order, _ = _thread_order(start, end, rank.astype(np.int32), values)
-    return order
+def text_sql(cols: set) -> tuple:
+    if "textId" in cols:
+        text = "COALESCE(n.text, s.value)" if "text" in cols else "s.value"
+        return text, "LEFT JOIN StringIds s ON s.id = n.textId"
+    return "n.text", ""
 
 
-def _ranks(tid):
-    codes, uniq = pd.factorize(tid, sort=True)
-    return np.asarray(uniq, np.int64), codes
+def domains(con, path) -> pd.DataFrame:
+    """Every domain created in the export: ``proc`` (process), ``domain_id``, ``name``."""
+    cols = columns(con, "NVTX_EVENTS", path)
+    rows = []
+    if "domainId" in cols:
+        text, join = text_sql(cols)
+        ids = ",".join(map(str, event_ids(con, path)["domain"]))
+        rows = query(con, f"SELECT DISTINCT n.globalTid >> 24, n.domainId, {text} FROM NVTX_EVENTS n {join} "
+                                f"WHERE n.eventType IN ({ids}) AND n.domainId IS NOT NULL", path)
+    if not rows:
+        return pd.DataFrame({"proc": pd.Series(dtype=np.int64), "domain_id": pd.Series(dtype=np.int64),
+                             "name": pd.Series(dtype=object)})
+    return pd.DataFrame.from_records(rows, columns=["proc", "domain_id", "name"])
 
 
-def sort_ranges(frame: pd.DataFrame) -> pd.DataFrame:
-    """Ranges ordered by (tid, start, -end), the order the range trees need."""
-    order = range_order(frame["start"].to_numpy(np.int64), frame["end"].to_numpy(np.int64),
-                        frame["tid"].to_numpy(np.int64))
-    return frame.reset_index(drop=True) if order is None else frame.take(order).reset_index(drop=True)
+def domain_filter(con, path, domain: str = DOMAIN):
+    """(SQL condition on ``NVTX_EVENTS n`` that leaves ``domain``'s ranges out, how many ranges it leaves out).
+
+    The annotator's ranges nest among themselves but not with emit_nvtx's: a module's backward opens inside one
+    node's engine range and closes inside another's, so the op reader must not see them."""
+    d = domains(con, path)
+    d = d[d["name"] == domain]
+    if d.empty:
+        return "1", 0
+    own = " OR ".join(f"(COALESCE(n.domainId, -1) = {int(i)} AND (n.globalTid >> 24) = {int(p)})"
+                      for p, i in zip(d["proc"], d["domain_id"]))
+    count = query(con, f"SELECT count(*) FROM NVTX_EVENTS n WHERE {own}", path)[0][0]
+    return f"NOT ({own})", int(count)
+
+
+def read_nvtx_ranges(path, domain: Optional[str] = None) -> pd.DataFrame:
+    """Every NVTX range of the export (of ``domain`` only, where given): ``start, end, tid, end_tid, kind``
+    (``push/pop`` or ``start/end``), ``domain_id``, ``domain`` (its name, ``""`` where the file lacks the domain's
+    creation, as a time window cut from a capture may), ``text`` (inline or registered) and ``registered``."""
+    con = connect(path)
+    try:
+        check_schema(con, path)
+        cols = columns(con, "NVTX_EVENTS", path)
+        ids = event_ids(con, path)
+        text, join = text_sql(cols)
+        dom = "n.domainId" if "domainId" in cols else "NULL"
+        end_tid = "n.endGlobalTid" if "endGlobalTid" in cols else "NULL"
+        registered = "n.textId IS NOT NULL" if "textId" in cols else "0"
+        kinds = ",".join(map(str, ids["push"] + ids["start_end"]))
+        push = ",".join(map(str, ids["push"]))
+        known = domains(con, path)
+        where = ""
+        if domain is not None:
+            known = known[known["name"] == domain]
+            if known.empty:
+                where = " AND 0"
+            else:
+                where = " AND (" + " OR ".join(f"({dom} = {int(i)} AND (n.globalTid >> 24) = {int(p)})"
+                                               for p, i in zip(known["proc"], known["domain_id"])) + ")"
+        rows = query(con, f"SELECT n.start, n.end, n.globalTid, {end_tid}, "
+                                f"CASE WHEN n.eventType IN ({push}) THEN 'push/pop' ELSE 'start/end' END, "
+                                f"{dom}, COALESCE({text}, ''), {registered} FROM NVTX_EVENTS n {join} "
+                                f"WHERE n.eventType IN ({kinds}) AND n.end IS NOT NULL{where}", path)
+    finally:
+        con.close()
+    f = pd.DataFrame.from_records(rows, columns=["start", "end", "tid", "end_tid", "kind", "domain_id", "text",
+                                                 "registered"]) if rows else pd.DataFrame(
+        {c: pd.Series(dtype=t) for c, t in [("start", np.int64), ("end", np.int64), ("tid", np.int64),
+                                            ("end_tid", object), ("kind", object), ("domain_id", object),
+                                            ("text", object), ("registered", bool)]})
+    f["registered"] = f["registered"].astype(bool)
+    f["proc"] = f["tid"].to_numpy(np.int64) >> 24
+    names = {(int(p), int(i)): n for p, i, n in zip(known["proc"], known["domain_id"], known["name"])}
+    f["domain"] = [names.get((p, int(i)), "") if i == i and i is not None else ""
+                   for p, i in zip(f["proc"], f["domain_id"])]
+    return f.sort_values(["tid", "start", "end"], ascending=[True, True, False], kind="stable").reset_index(drop=True)
 
 
 def load(path) -> Profile:
@@ -307,10 +332,9 @@ def load(path) -> Profile:
         meta = check_schema(con, path)
         arrow()  # the extra's absence is one line before any reading
         # where each kernel ran: every Nsight export has these columns; an export without them reads as one device
-        placed = {"deviceId", "streamId"} <= _columns(con, "CUPTI_ACTIVITY_KIND_KERNEL", path)
-        push, start_end = _event_type_ids(con, path)
-        from .annotations import domain_filter  # flopcount.nvtx's ranges nest apart from emit_nvtx's
-
+        placed = {"deviceId", "streamId"} <= columns(con, "CUPTI_ACTIVITY_KIND_KERNEL", path)
+        push, start_end = event_type_ids(con, path)
+        # flopcount.nvtx's ranges nest apart from emit_nvtx's: the op reader must not see them
         not_annotation, n_annotation = domain_filter(con, path)
         kskipped: dict = {}
 
@@ -319,7 +343,7 @@ def load(path) -> Profile:
                                    lambda table: row_bound(uri, table, os.path.getsize(path)), placed=placed)
             side_con = _side_connection(uri)
             try:  # a full scan of the table, for one note: on this thread, beside the ranges
-                n = _query(side_con, "SELECT count(*) FROM NVTX_EVENTS WHERE eventType IN "
+                n = query(side_con, "SELECT count(*) FROM NVTX_EVENTS WHERE eventType IN "
                                      f"({','.join(map(str, start_end))})", path)[0][0]
             finally:
                 side_con.close()
@@ -358,7 +382,7 @@ def _strings(uri, path, ids) -> dict:
     try:
         for i in range(0, len(ids), 500):
             chunk = ids[i:i + 500]
-            out.update(_query(con, f"SELECT id, CAST(substr(value, 1, 4096) AS TEXT) FROM StringIds WHERE id IN "
+            out.update(query(con, f"SELECT id, CAST(substr(value, 1, 4096) AS TEXT) FROM StringIds WHERE id IN "
                                    f"({','.join('?' * len(chunk))})", path, chunk))
     finally:
         con.close()

@@ -1,5 +1,6 @@
-"""What a profile path must be before a reader opens it: one line for every way it can be wrong.
+"""The profile both readers return, its error, and what a profile path must be before a reader opens it.
 
+A path gets one line for every way it can be wrong.
 A reader's own error for a directory, a FIFO or ``/dev/null`` would be "no such file" or a hang (a FIFO blocks
 its reader until a writer comes), so the kind of file is checked first, without opening anything that blocks.
 """
@@ -7,6 +8,9 @@ from __future__ import annotations
 
 import os
 import stat
+from dataclasses import dataclass, field
+
+import pandas as pd
 
 from ..errors import FlopcountError
 
@@ -50,3 +54,31 @@ def head(path: str, n: int = 16) -> bytes:
             return fh.read(n)
     except OSError as exc:
         raise ProfileError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+
+@dataclass
+class Profile:
+    """What the analysis needs from one export.
+
+    ``ranges``: push/pop NVTX ranges (start, end, tid, and the marker split into ``name`` (categorical), ``seq``
+    (-1 where absent), ``sizes`` (categorical text of the marker's sizes; missing where absent)), sorted by
+    (tid, start, -end).
+    ``kernels``: every kernel with its launching thread and launch time (``launch_tid`` is -1 where the launch
+    is not in the file: a capture window that cut the runtime call off, or a launch API that was not traced).
+    ``skipped``: rows left out, by reason. ``sizes_format``: how ``sizes`` is written (``nvtx`` markers here).
+    """
+
+    path: str
+    ranges: pd.DataFrame
+    kernels: pd.DataFrame
+    schema_version: str = ""
+    product_version: str = ""
+    start_end_ranges: int = 0
+    skipped: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+    sizes_format: str = "nvtx"
+    cpu_times: bool = False  # True where op time is the ranges' own (a trace without kernels)
+    devices: list = field(default_factory=list)
+
+    @property
+    def unlaunched(self) -> int:
+        return int((self.kernels["launch_tid"] < 0).sum())

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..errors import one_line
 from . import arrowsplit
-from .files import ProfileError
+from .profile import ProfileError
 
 EXTRA = "profiles"
 _BATCH_ROWS = 1 << 18

@@ -92,7 +92,7 @@ class TorchBackend:
         de-duplicated (``nvtx``) or counted the way the 2021 study's tool did (``nvtx-naive``). One recording of
         ``steps`` marked steps serves both; seconds is the median time of a marked step in the profile (the
         per-batch time of the 2021 study's NVTX method)."""
-        from ..profiles.capture import read_steps
+        from ..capture import read_steps
 
         key = (name, batch)
         if key not in self._profiles:
@@ -103,7 +103,7 @@ class TorchBackend:
     def _record(self, name: str, batch: int) -> str:
         import tempfile
 
-        from ..profiles.capture import capture
+        from ..capture import capture
 
         folder = tempfile.mkdtemp(prefix="flopcount-nvtx-")
         return capture(name, batch, out=os.path.join(folder, f"{name}-b{batch}"),
