@@ -137,7 +137,7 @@ def main(argv=None):
     times, peak, forwards, flops, nbytes, uncounted, load, cpus = llama(args.prompt, args.new, args.batch)
     (iw, ic), (bw, bc), (cw, cc) = times[0:2], times[2:4], times[4:6]
     print(f"Llama-3-8B-shaped (32 layers), bf16, batch {args.batch}, prompt {args.prompt}, {args.new} new tokens "
-          f"({forwards} decode steps), on meta: import {iw:.1f} s, build {bw:.1f} s, count {cw:.1f} s wall "
+          f"({forwards} decode steps), on meta: import {iw:.1f} s ({ic:.1f} s CPU), build {bw:.1f} s ({bc:.1f} s CPU), count {cw:.1f} s wall "
           f"({cc:.1f} s CPU; {cw / forwards * 1e3:.0f} ms per decode step), total {iw + bw + cw:.1f} s (target: "
           f"count < 60 s); peak memory {peak / 1e9:.2f} GB; decode {flops / 1e12:.1f} TFLOP, {nbytes / 1e12:.2f} TB; "
           f"{uncounted} uncounted ops; load average {load:.1f} on {cpus} CPUs")

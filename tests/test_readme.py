@@ -4,8 +4,6 @@ from __future__ import annotations
 import os
 import re
 
-import pytest
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

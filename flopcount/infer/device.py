@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 import pandas as pd
 
 from .. import devices
-from .generation import FORWARD, Generation, GenerationError
+from .phases import FORWARD, GenerationError
+
+if TYPE_CHECKING:  # a generation is counted, then predicted: the counting imports this module
+    from .generation import Generation
 
 @dataclass
 class PhaseRoofline:
@@ -94,7 +97,7 @@ class Prediction:
                 "phases": {k: v.to_dict() for k, v in self.phases.items()}, "notes": list(self.notes)}
 
 
-def predict(gen: Generation, spec: devices.DeviceSpec, *, measured_tokens_per_s: Optional[float] = None,
+def predict(gen: "Generation", spec: devices.DeviceSpec, *, measured_tokens_per_s: Optional[float] = None,
             measured_ttft: Optional[float] = None, tf32: bool = False) -> Prediction:
     """Each phase of ``gen`` on ``spec`` (see ``Generation.on``). ``measured_tokens_per_s``: decode tokens per
     second over all sequences (batch / seconds per decode step; a single forward: its tokens, or samples, per

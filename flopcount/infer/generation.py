@@ -14,24 +14,13 @@ import torch
 
 from .. import devices, models_hf
 from ..dtypes import dtype_name
-from ..errors import FlopcountError, model_errors
+from ..errors import model_errors
 from ..estimators import fallback
 from ..estimators.dispatch import count_step, counting, owned_params, rows_of
 from ..report import FlopReport
 from ..step import batch_size_of, preserved, tokens_of
-
-PHASES = ("prefill", "decode")
-FORWARD = "forward"  # the one phase of a model that does not generate: one inference forward
-LOGITS = ("last", "all")  # which positions' logits the prefill computes
-KV_CACHE = "(kv cache)"  # the pseudo-module of the ops a cache runs to store new entries, under its attention module
-KV_WRITE = "kv cache write"  # the op of the traffic's rows that stands for them: the new entries, written once
-STEP_COLUMNS = ["phase", "step", "context", "tokens", "flops", "bytes", "op_bytes", "weights", "kv_read",
-                "kv_written", "other"]
-
-
-class GenerationError(FlopcountError):
-    """The model cannot be run as a generation here (not a causal language model, too long a sequence)."""
-
+from .device import Prediction, predict
+from .phases import FORWARD, KV_CACHE, KV_WRITE, LOGITS, PHASES, STEP_COLUMNS, GenerationError
 
 @dataclass
 class Generation:
@@ -84,8 +73,6 @@ class Generation:
            measured_ttft: Optional[float] = None, tf32: bool = False) -> "Prediction":
         """The roofline of each phase on a device (a ``DeviceSpec`` or a name from ``flopcount peaks``), and, from
         measured decode tokens per second and time to first token, MFU and MBU."""
-        from .device import predict
-
         spec = spec if isinstance(spec, devices.DeviceSpec) else devices.get_device(spec)
         return predict(self, spec, measured_tokens_per_s=measured_tokens_per_s, measured_ttft=measured_ttft,
                        tf32=tf32)
