@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from dataclasses import dataclass
 from urllib.parse import quote
 
 import numpy as np
@@ -22,29 +21,8 @@ import pandas as pd
 
 from flopcount.profiles import markers
 # the file checks are the current reader's (they cost nothing beside the load): only the loading is the old one's
-from flopcount.profiles.nsys_export import ProfileError, check_schema, columns, event_type_ids, query
-
-
-@dataclass
-class Profile:
-    """What the analysis needs from one export.
-
-    ``ranges``: push/pop NVTX ranges (start, end, tid, and the marker split into name, seq, op_id, sizes: see
-    markers.py), sorted by (tid, start, -end).
-    ``kernels``: every kernel with its launching thread and launch time (``launch_tid`` is -1 where the launch
-    is not in the file: a capture window that cut the runtime call off, or a launch API that was not traced).
-    """
-
-    path: str
-    ranges: pd.DataFrame
-    kernels: pd.DataFrame
-    schema_version: str = ""
-    product_version: str = ""
-    start_end_ranges: int = 0
-
-    @property
-    def unlaunched(self) -> int:
-        return int((self.kernels["launch_tid"] < 0).sum())
+from flopcount.profiles.nsys_export import check_schema, columns, event_type_ids, query
+from flopcount.profiles.profile import Profile, ProfileError
 
 
 def _connect(path: str) -> sqlite3.Connection:
