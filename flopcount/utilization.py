@@ -6,7 +6,7 @@ Where each factor comes from, and the mistakes each choice avoids:
   the same optimizer (so its phase is counted too), the same dtype.
 * Seconds: ``flopcount.timing`` (CUDA events after synchronising on a GPU, never a bare host clock; warm-up
   excluded; the median of the timed steps with their interquartile range).
-* Peak: ``devices.resolve_peak`` of the step's precision mix, the one peak policy of the toolkit: the study and
+* Peak: ``peak_policy.resolve_peak`` of the step's precision mix, the one peak policy of the toolkit: the study and
   the roofline hold the same step against the same figure.
 * Several processes: ``flopcount.distributed`` sums FLOPs, bytes and peaks over ranks and takes the slowest
   rank's step time, so the result is against world_size x peak on identical devices.
@@ -20,7 +20,8 @@ from typing import Dict, List, Optional
 
 import torch
 
-from . import devices, distributed, step as steps_
+from . import cpu_probe, distributed, peak_policy, step as steps_
+from .device_spec import PRECISIONS
 from .api_checks import check_int, check_model, check_optimizer
 from .dtypes import dtype_name, parse_dtype
 from .errors import UtilizationError, model_errors
@@ -99,7 +100,7 @@ class _Setup:
 
     @property
     def tf32(self):
-        return devices.tf32_allowed() if self.dev.type == "cuda" else None
+        return peak_policy.tf32_allowed() if self.dev.type == "cuda" else None
 
     def amp(self):
         if self.autocast is None:
@@ -143,7 +144,7 @@ class _Tally:
         for p in report.phases:
             self.phases[p] = self.phases.get(p, 0.0) + weight * report.total(p)
         self.nbytes += weight * report.total_bytes()
-        for prec, v in devices.precision_mix(report, tf32=tf32).items():
+        for prec, v in peak_policy.precision_mix(report, tf32=tf32).items():
             self.mix[prec] = self.mix.get(prec, 0.0) + weight * v
         if report.uncounted:
             note = ("ops without a formula, NOT in the FLOPs: "
@@ -188,7 +189,7 @@ def utilization(model, batch, *, device=None, dtype=None, steps: int = 5, warmup
     tally = _Tally(batch_share=1.0 / distributed.ranks_per_batch(steps_.unwrap(model)))
     tally.add(setup.count(inputs, target), setup.tf32, tokens=steps_.tokens_of(inputs) * tally.batch_share)
     # the peak is settled before any timing: an unknown device fails in a second, not after a minute of steps
-    devices.resolve_peak(tally.mix, device=setup.dev, peak=peak, device_spec=device_spec)
+    peak_policy.resolve_peak(tally.mix, device=setup.dev, peak=peak, device_spec=device_spec)
     run = steps_.train_step_fn(model, loss=steps_.make_loss(loss_fn, target), optimizer=setup.optimizer)
 
     def step():
@@ -297,18 +298,18 @@ def _epoch(setup: _Setup, batch, loader) -> Utilization:
 
 def _finish(setup: _Setup, tally: _Tally, timed: Measurement, *, batch_size: int, scope: str,
             steps: Optional[int] = None, epoch: bool = False) -> Utilization:
-    peak_flops, source, spec = devices.resolve_peak(tally.mix, device=setup.dev, peak=setup.peak,
+    peak_flops, source, spec = peak_policy.resolve_peak(tally.mix, device=setup.dev, peak=setup.peak,
                                                     device_spec=setup.device_spec)
     if spec is not None and spec.measured and tally.flops / timed.median > peak_flops:
         # a step faster than a cached, measured CPU peak means the probe ran on a busier machine: measure again
         # (the cache keeps the best) before holding the step against it
-        devices.cpu_spec(devices.mix_dtypes(tally.mix), refresh=True)
+        cpu_probe.cpu_spec(peak_policy.mix_dtypes(tally.mix), refresh=True)
         tally.notes.append(f"the step beat the cached CPU peak ({peak_flops:.4g} FLOP/s): peak measured again")
-        peak_flops, source, spec = devices.resolve_peak(tally.mix, device=setup.dev)
+        peak_flops, source, spec = peak_policy.resolve_peak(tally.mix, device=setup.dev)
 
     names = [p for p in ("forward", "backward", "recompute", "optimizer") if p in tally.phases]
     bandwidth = spec.bandwidth if spec is not None and spec.bandwidth else 0.0
-    precs = devices.PRECISIONS  # a fixed order, so that every rank's list lines up
+    precs = PRECISIONS  # a fixed order, so that every rank's list lines up
     head = [tally.phases[p] for p in names] + [tally.nbytes, peak_flops, bandwidth,
                                                float(batch_size) * tally.batch_share, 1.0, tally.tokens]
     sums = distributed.reduce(head + [float(tally.mix.get(p, 0.0)) for p in precs], "sum")

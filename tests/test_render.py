@@ -13,7 +13,7 @@ import torch
 import torchvision
 
 import flopcount
-from flopcount import devices
+from flopcount import cpu_probe
 from flopcount.cli import main
 from flopcount.cli import render as R
 from flopcount.report import OWN
@@ -40,8 +40,8 @@ def mlp(tmp_path):
 def fake_cpu_probe(tmp_path, monkeypatch):
     """No real CPU probe: utilization holds the step against a 'measured' 2 GFLOP/s and 10 GB/s."""
     monkeypatch.setenv("FLOPCOUNT_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(devices, "probe_matmul", lambda dtype: 2e9)
-    monkeypatch.setattr(devices, "probe_bandwidth", lambda: 1e10)
+    monkeypatch.setattr(cpu_probe, "probe_matmul", lambda dtype: 2e9)
+    monkeypatch.setattr(cpu_probe, "probe_bandwidth", lambda: 1e10)
 
 
 def assert_fits(text: str, width: int):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import flopcount
-from flopcount.devices import get_device
+from flopcount.datasheet import get_device
 from flopcount.models import example_inputs, load_model
 from flopcount.roofline import COMPUTE, MEMORY, analyze
 

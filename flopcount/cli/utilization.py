@@ -97,7 +97,8 @@ def lines(u, width=None) -> List[str]:
 
 
 def _peaks(args) -> int:
-    from ..devices import cached_cpu_readings, list_devices
+    from ..cpu_probe import cached_cpu_readings
+    from ..datasheet import list_devices
 
     if args.probe_cpu:
         _probe_cpu()
@@ -114,7 +115,7 @@ def _peaks(args) -> int:
 def _probe_cpu() -> None:
     """Measure this CPU again (the cache keeps the best reading) and say on stderr what was measured and how busy
     the machine was: a probe under load reads low."""
-    from ..devices import busy, cpu_spec, machine_load
+    from ..cpu_probe import busy, cpu_spec, machine_load
 
     load = machine_load()
     print("flopcount: measuring this CPU's fp32 peak and bandwidth (a few seconds)...", file=sys.stderr)

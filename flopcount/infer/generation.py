@@ -12,7 +12,8 @@ from typing import Callable, Dict, Iterable, List, Optional
 import pandas as pd
 import torch
 
-from .. import devices, models_hf
+from .. import datasheet, models_hf
+from ..device_spec import DeviceSpec
 from ..dtypes import dtype_name
 from ..errors import FlopcountError, model_errors
 from ..estimators import fallback
@@ -86,7 +87,7 @@ class Generation:
         measured decode tokens per second and time to first token, MFU and MBU."""
         from .device import predict
 
-        spec = spec if isinstance(spec, devices.DeviceSpec) else devices.get_device(spec)
+        spec = spec if isinstance(spec, DeviceSpec) else datasheet.get_device(spec)
         return predict(self, spec, measured_tokens_per_s=measured_tokens_per_s, measured_ttft=measured_ttft,
                        tf32=tf32)
 

@@ -11,7 +11,7 @@ re-runs it with flopcount's parts:
   over its time), ``batch`` (the same at batch N) and ``epoch`` (every image of the data set through a DataLoader
   at batch N: dispatch FLOPs per sample x samples over the wall time, data loading included).
 
-The peak of a time row is that of the step it times: ``devices.resolve_peak`` of the precision mix of the step's
+The peak of a time row is that of the step it times: ``peak_policy.resolve_peak`` of the precision mix of the step's
 dispatch count, the rule ``flopcount.utilization`` and the roofline follow. Each row is appended as soon as it
 exists and a rerun skips every row already there. Failures are rows too: ``oom`` or ``error`` with a one-line
 message, and the grid goes on. The parts are called through a backend object (``backend.TorchBackend``), so the
@@ -25,7 +25,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, List, Sequence, Tuple
 
-from .. import devices
+from .. import peak_policy
 from ..errors import FlopcountError, is_oom, one_line
 from ..ratios import ratio_rows
 from .backend import TorchBackend, _free
@@ -197,7 +197,7 @@ def _run_task(t: Task, run: _Run) -> dict:
 def _count(t: Task, run: _Run) -> dict:
     if t.method == "dispatch":
         report, model = run.backend.count(t.model, t.batch_size)
-        _keep_mix(run, t.model, t.batch_size, devices.precision_mix(report, tf32=run.tf32))
+        _keep_mix(run, t.model, t.batch_size, peak_policy.precision_mix(report, tf32=run.tf32))
         fw, bw = report.total("forward"), report.total("backward")
         extra = {}
         if report.uncounted:
@@ -285,7 +285,7 @@ def _mix(run: _Run, model: str, batch: int) -> Tuple[Dict[str, float], str]:
             run.mixes[key] = dict(kept)
         else:  # counted before mixes were kept, or on another device (TF32 differs): count it again, on meta
             report, _ = run.backend.count(model, batch)
-            _keep_mix(run, model, batch, devices.precision_mix(report, tf32=run.tf32))
+            _keep_mix(run, model, batch, peak_policy.precision_mix(report, tf32=run.tf32))
     return run.mixes[key], ""
 
 
