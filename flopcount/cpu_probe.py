@@ -91,7 +91,7 @@ def _read_cache(path: str) -> dict:
 
 
 def _write_cache(path: str, data: dict) -> None:
-    from .report import atomic_write
+    from .outputs import atomic_write
 
     try:
         atomic_write(path, json.dumps(data, indent=1, sort_keys=True))

@@ -20,7 +20,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import pandas as pd
 
-from .. import report as _report
+from .. import outputs
 from ..errors import OutputError, one_line
 from .config import StudyError
 
@@ -139,10 +139,10 @@ def _stat(path: str):
 
 
 def write(path: str, data) -> None:
-    """``report.atomic_write``, with a failure (a read-only folder, a full disk) as one line that says the files
+    """``outputs.atomic_write``, with a failure (a read-only folder, a full disk) as one line that says the files
     already there are kept: the old file stays whole until the new one has been written in full."""
     try:
-        _report.atomic_write(path, data)
+        outputs.atomic_write(path, data)
     except OSError as exc:
         raise OutputError(f"cannot write {path}: {exc.strerror or one_line(exc)}; what the folder already held is "
                           "kept") from None
