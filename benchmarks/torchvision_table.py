@@ -119,7 +119,7 @@ def eval_macs(name, model, inputs):
         return probe, {}
     except Exception:
         pass
-    from flopcount.step import random_on
+    from flopcount.inputs import random_on
     from flopcount.models import rebuild_on_cpu
 
     real = rebuild_on_cpu(model) or model

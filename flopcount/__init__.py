@@ -80,7 +80,7 @@ def count(model, inputs, *, estimator: str = "dispatch", backward: bool = True, 
 
 def eval_mode_note(model) -> Optional[str]:
     """What a count must say about a model with modules in eval mode, or None when every module trains."""
-    from .step import unwrap
+    from .model_calls import unwrap
 
     inner = unwrap(model)
     if not hasattr(inner, "named_modules"):

@@ -40,7 +40,8 @@ def add(sub) -> None:
 def run(args) -> int:
     from .. import count, eval_mode_note, get_estimator
     from ..errors import FlopcountError, model_errors
-    from ..models import build, input_source
+    from ..inputs import input_source
+    from ..models import build
     from ..models_hf import is_hf
     from ..progress import counting
     from ..scaling import check_scaling

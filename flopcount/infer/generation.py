@@ -19,7 +19,8 @@ from ..errors import FlopcountError, model_errors
 from ..estimators import fallback
 from ..estimators.dispatch import count_step, counting, owned_params, rows_of
 from ..report import FlopReport
-from ..step import batch_size_of, preserved, tokens_of
+from ..model_calls import preserved
+from ..step import batch_size_of, tokens_of
 
 PHASES = ("prefill", "decode")
 FORWARD = "forward"  # the one phase of a model that does not generate: one inference forward

@@ -48,8 +48,8 @@ def from_spec(model_spec: str, *, prompt_len: Optional[int] = None, new_tokens: 
     if it takes some). On a device spec (a name or DeviceSpec) its roofline, with MFU and MBU from measured rates.
     ``device="cpu"``: the model built with random weights, counted (on meta, with the CPU's kernels) and timed on
     this CPU ``runs`` times, and held against this CPU's measured peak and bandwidth."""
-    from ..models import example_inputs, load_model
-    from ..step import random_on
+    from ..inputs import example_inputs, random_on
+    from ..models import load_model
 
     if device not in ("meta", "cpu"):
         raise GenerationError(f"a generation is measured on the CPU (--device cpu), not on {device!r}; for a GPU, "

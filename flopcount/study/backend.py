@@ -121,7 +121,7 @@ class TorchBackend:
         return self._real[1]
 
     def _batch(self, model, name: str, batch: int):
-        from ..step import make_inputs
+        from ..inputs import make_inputs
 
         return make_inputs(model, batch, name=name, device=self.device, input_shape=self.config.image_shape)
 
