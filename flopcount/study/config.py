@@ -11,6 +11,8 @@ from ..models import STUDY_MODELS
 TIME_METHODS = ("theory", "one", "batch", "epoch")
 # The NVTX estimator (GPU and nsys only): FLOPs from an emit_nvtx profile, de-duplicated and as the study counted
 NVTX_METHODS = ("nvtx", "nvtx-naive")
+# The roofline the report draws: these models' training steps on this device at this batch
+ROOFLINE_MODELS, ROOFLINE_SPEC, ROOFLINE_BATCH = ("mobilenet_v2", "resnet50"), "P100 PCIe", 64
 
 
 class StudyError(FlopcountError):

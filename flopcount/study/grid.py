@@ -112,7 +112,8 @@ def run_study(config: StudyConfig, out: str, *, backend=None, resume: bool = Tru
 
 
 def _run_locked(config, out, backend, resume, progress, figures, log) -> StudyResult:
-    from .report import PUBLISHED, render_report, write_figures
+    from .published import PUBLISHED
+    from .report import render_report, write_figures
 
     device = backend.device_name()
     results = ResultsFile(os.path.join(out, RESULTS), COLUMNS, KEY, resume=resume)
