@@ -50,6 +50,10 @@ class UnknownPeak(FlopcountError):
     """The device has no figure for this precision."""
 
 
+class GenerationError(FlopcountError):
+    """The model cannot be run as a generation here (not a causal language model, too long a sequence)."""
+
+
 class OutputError(FlopcountError):
     """A result could not be written (permissions, a full disk, a symbolic link where a file of ours goes); what
     was written before is kept."""

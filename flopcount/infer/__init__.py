@@ -43,9 +43,11 @@ counted (no step is extrapolated from another).
 """
 from __future__ import annotations
 
+from ..errors import GenerationError
 from .device import PhaseRoofline, Prediction, predict
-from .generation import (FORWARD, KV_CACHE, KV_WRITE, LOGITS, PHASES, STEP_COLUMNS, Generation, GenerationError,
-                         forward_cost, generate_cost, is_causal_lm, weight_bytes)
+from .generation import (KV_CACHE, KV_WRITE, LOGITS, STEP_COLUMNS, Generation, forward_cost, generate_cost, is_causal_lm,
+                         weight_bytes)
+from .phases import FORWARD, PHASES
 from .measured import Measured, measured_rates, time_forward, time_generation
 from .spec import Inference, from_spec
 

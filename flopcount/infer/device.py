@@ -11,8 +11,8 @@ import pandas as pd
 
 from .. import peak_policy
 from ..device_spec import DeviceSpec
-from ..errors import UnknownPeak
-from .generation import FORWARD, Generation, GenerationError
+from ..errors import GenerationError, UnknownPeak
+from .phases import FORWARD
 
 @dataclass
 class PhaseRoofline:
@@ -96,9 +96,9 @@ class Prediction:
                 "phases": {k: v.to_dict() for k, v in self.phases.items()}, "notes": list(self.notes)}
 
 
-def predict(gen: Generation, spec: DeviceSpec, *, measured_tokens_per_s: Optional[float] = None,
+def predict(gen, spec: DeviceSpec, *, measured_tokens_per_s: Optional[float] = None,
             measured_ttft: Optional[float] = None, tf32: bool = False) -> Prediction:
-    """Each phase of ``gen`` on ``spec`` (see ``Generation.on``). ``measured_tokens_per_s``: decode tokens per
+    """Each phase of ``gen`` (a ``Generation``) on ``spec`` (see ``Generation.on``). ``measured_tokens_per_s``: decode tokens per
     second over all sequences (batch / seconds per decode step; a single forward: its tokens, or samples, per
     second); ``measured_ttft``: seconds of the prefill."""
     if not spec.bandwidth:

@@ -13,7 +13,8 @@ from ..device_spec import DeviceSpec
 from ..dtypes import parse_dtype
 from ..errors import model_errors
 from .device import Prediction
-from .generation import Generation, GenerationError, forward_cost, generate_cost, is_causal_lm
+from ..errors import GenerationError
+from .generation import Generation, forward_cost, generate_cost, is_causal_lm
 from .measured import Measured, measured_rates, time_forward, time_generation
 
 @dataclass
