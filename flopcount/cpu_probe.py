@@ -1,15 +1,20 @@
 """This CPU as a device: its peak measured by a large matrix product (the best of a few runs) and its bandwidth by
-a tensor copy, cached per CPU model, thread count and dtype, and labelled "measured"."""
+a tensor copy, cached per CPU model, thread count and dtype, and labelled "measured".
+
+torch, and the timer built on it, load inside the probes: ``flopcount peaks`` shows the cached readings without
+them."""
 from __future__ import annotations
 
 import json
 import os
 import platform
-from typing import Callable, List, Mapping, Optional
+from typing import TYPE_CHECKING, Callable, List, Mapping, Optional
 
 from .device_spec import DeviceSpec
 from .dtypes import precision_of
-from .timing import Measurement
+
+if TYPE_CHECKING:
+    from .timing import Measurement
 
 
 def cpu_model() -> str:
@@ -78,7 +83,7 @@ def probe_bandwidth(*, mbytes: int = 256, repeats: int = 3) -> Measurement:
 
 def _best_rate(reading) -> float:
     """A probe's figure: the fastest run's rate of a Measurement, or a plain number (an injected probe)."""
-    return reading.rate(best=True) if isinstance(reading, Measurement) else float(reading)
+    return float(reading) if isinstance(reading, (int, float)) else reading.rate(best=True)
 
 
 def _read_cache(path: str) -> dict:

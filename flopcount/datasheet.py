@@ -11,7 +11,7 @@ import csv
 import difflib
 import re
 from importlib import resources
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 from .cpu_probe import cpu_spec
 from .device_spec import PRECISIONS, DeviceSpec
@@ -86,6 +86,12 @@ def list_devices():
     """The table as a DataFrame: one row per device, peaks in FLOP/s, bandwidth in bytes/s, the source."""
     import pandas as pd
 
+    return pd.DataFrame(device_rows()).set_index("name")
+
+
+def device_rows() -> List[dict]:
+    """The table as plain rows (``name``, a column per precision, ``bandwidth``, the source and the links; None
+    where the table has no figure), for callers that print it without pandas (``flopcount peaks``)."""
     rows = []
     for spec in _load_table().values():
         row = {"name": spec.name}
@@ -94,4 +100,4 @@ def list_devices():
                     "aliases": ";".join(spec.aliases), "nvlink": spec.nvlink, "network": spec.network,
                     "gpus_per_node": spec.gpus_per_node, "link_source": spec.link_source})
         rows.append(row)
-    return pd.DataFrame(rows).set_index("name")
+    return rows

@@ -4,11 +4,12 @@ from __future__ import annotations
 import json
 import numbers
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, Optional
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Optional
 
 from .outputs import atomic_write
+
+if TYPE_CHECKING:  # pandas loads where a frame is built, so that a module reading only the constants pays nothing
+    import pandas as pd
 
 # recompute: forward ops re-run during backward by activation checkpointing (hardware FLOPs, not model FLOPs);
 # prefill and decode: a generation's (flopcount.infer)
@@ -60,6 +61,8 @@ class FlopReport:
 
     @classmethod
     def from_rows(cls, rows: Iterable[dict], **meta) -> "FlopReport":
+        import pandas as pd
+
         frame = pd.DataFrame(list(rows))
         if frame.empty:
             frame = pd.DataFrame(columns=COLUMNS)
@@ -230,6 +233,8 @@ class FlopReport:
                 rows.append(dict(own[p], depth=d + 1))
 
         visit("")  # recursion is as deep as the model's nesting, not its size
+        import pandas as pd
+
         tree = pd.DataFrame(rows, index=pd.Index(index, name="module"))
         tree = tree[["depth", "params"] + values].astype("int64")
         if known is None:

@@ -255,10 +255,10 @@ def test_ctrl_c_while_torch_imports_is_one_line(tmp_path):
         "import sys\n"
         "class Interrupt:\n"
         "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name == 'pandas':\n"
+        "        if name == 'torch':\n"
         "            raise KeyboardInterrupt\n"
         "sys.meta_path.insert(0, Interrupt())\n"
-        "sys.argv = ['/usr/bin/flopcount', 'peaks']\n"
+        "sys.argv = ['/usr/bin/flopcount', 'count', 'resnet18']\n"
         "from flopcount.cli import main\n"
         "sys.exit(main())\n")
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
