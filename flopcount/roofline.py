@@ -28,10 +28,9 @@ from typing import List, Optional, Sequence, Union
 
 import pandas as pd
 
-from .device_spec import DeviceSpec, PRECISIONS
-from .errors import UnknownPeak
+from .device_spec import PRECISIONS, DeviceSpec
+from .errors import FlopcountError, UnknownPeak
 from .peak_policy import MATRIX_FAMILIES, effective_peak, op_precision, precision_mix
-from .errors import FlopcountError
 from .report import FlopReport, UNCOUNTED
 
 COMPUTE, MEMORY, COMMUNICATION, NONE = "compute", "memory", "communication", "-"

@@ -27,6 +27,7 @@ from .dtypes import dtype_name, parse_dtype
 from .errors import UtilizationError, model_errors, oom_as_error
 from .inputs import first_sample, input_source, make_inputs
 from .model_calls import model_device, model_float_dtype, unwrap
+from .models import load_model
 from .report import FlopReport
 from .timing import Measurement, time_epoch, time_step
 
@@ -352,8 +353,6 @@ def from_spec(spec: str, batch, *, device: str = "cpu", num_classes=None, world=
     """``utilization`` of a model spec (see ``models.load_model``) as the CLI runs it: under torchrun each rank
     builds the model on its device, wraps it in DDP (or, with ``world``, shards it: FSDP2 and tensor parallel on
     the launched ranks) and measures; returns (Utilization, rank)."""
-    from .models import load_model
-
     dtype = parse_dtype(options.pop("dtype", None))
     steps_.resolve_device(device)  # before anything is built on it
     with distributed.launched_group(device) as (device, rank):

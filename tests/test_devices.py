@@ -8,9 +8,8 @@ from flopcount import cpu_probe
 from flopcount.datasheet import get_device, list_devices
 from flopcount.device_spec import DeviceSpec
 from flopcount.dtypes import precision_of
-from flopcount.errors import UnknownDevice, UnknownPeak
+from flopcount.errors import FlopcountError, UnknownDevice, UnknownPeak
 from flopcount.peak_policy import effective_peak
-from flopcount.errors import FlopcountError
 
 
 # (name as CUDA reports it, precision, figure from the vendor datasheet)

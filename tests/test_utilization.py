@@ -7,11 +7,10 @@ import pytest
 import torch
 
 from flopcount import cli, cpu_probe
-from flopcount.errors import UnknownDevice, UnknownPeak
+from flopcount.errors import FlopcountError, UnknownDevice, UnknownPeak
+from flopcount.peak_policy import precision_mix, resolve_peak
 from flopcount.report import FlopReport
 from flopcount.timing import OutOfMemory
-from flopcount.peak_policy import precision_mix, resolve_peak
-from flopcount.errors import FlopcountError
 from flopcount.utilization import utilization
 
 N, IN, OUT = 4, 16, 8

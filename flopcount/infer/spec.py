@@ -11,9 +11,8 @@ import torch
 from .. import cpu_probe, datasheet, models_hf
 from ..device_spec import DeviceSpec
 from ..dtypes import parse_dtype
-from ..errors import model_errors
+from ..errors import GenerationError, model_errors
 from .device import Prediction
-from ..errors import GenerationError
 from .generation import Generation, forward_cost, generate_cost, is_causal_lm
 from .measured import Measured, measured_rates, time_forward, time_generation
 

@@ -116,7 +116,7 @@ class TorchBackend:
             from ..models import load_model
 
             self._real = (None, None)
-            _free(self.device)
+            free_memory(self.device)
             self._real = (name, load_model(name, num_classes=self.config.num_classes, device=self.device)[0])
         return self._real[1]
 
@@ -180,10 +180,11 @@ class TorchBackend:
 
     def close(self, name: Optional[str] = None) -> None:
         self._real = self._peer = (None, None)
-        _free(self.device)
+        free_memory(self.device)
 
 
-def _free(device: str) -> None:
+def free_memory(device: str) -> None:
+    """Let go of what the last row left behind (Python's garbage, the device's cached blocks) before the next."""
     import gc
 
     gc.collect()

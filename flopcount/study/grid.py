@@ -28,11 +28,13 @@ from typing import Callable, Dict, List, Sequence, Tuple
 from .. import peak_policy
 from ..errors import FlopcountError, is_oom, one_line
 from ..ratios import ratio_rows
-from .backend import TorchBackend, _free
+from .backend import TorchBackend, free_memory
 from .config import NVTX_METHODS, StudyConfig, StudyError
 from .data import make_dataset
+from .published import PUBLISHED
+from .report import render_report, write_figures
 from .store import (COLUMNS, COUNT, ERROR, FIGURES, KEY, OK, OOM, RATIO_COLUMNS, RATIO_KEY, RATIOS, REPORT, RESULTS,
-                    STATUSES, TIME, ResultsFile, StudyResult, _jsonable, folder_lock, load_meta, refuse_links,
+                    STATUSES, TIME, ResultsFile, StudyResult, folder_lock, jsonable, load_meta, refuse_links,
                     save_meta, write)
 
 
@@ -112,9 +114,6 @@ def run_study(config: StudyConfig, out: str, *, backend=None, resume: bool = Tru
 
 
 def _run_locked(config, out, backend, resume, progress, figures, log) -> StudyResult:
-    from .published import PUBLISHED
-    from .report import render_report, write_figures
-
     device = backend.device_name()
     results = ResultsFile(os.path.join(out, RESULTS), COLUMNS, KEY, resume=resume)
     ratios = ResultsFile(os.path.join(out, RATIOS), RATIO_COLUMNS, RATIO_KEY, resume)
@@ -128,8 +127,8 @@ def _run_locked(config, out, backend, resume, progress, figures, log) -> StudyRe
     if meta.get("data") and meta["data"] != data_desc:
         log(f"note: earlier rows used {meta['data']!r}; new rows use {data_desc!r}")
     meta["data"] = data_desc
-    meta.update(config=_jsonable(asdict(config)), estimators=estimators, device=device,
-                published=_jsonable(PUBLISHED))
+    meta.update(config=jsonable(asdict(config)), estimators=estimators, device=device,
+                published=jsonable(PUBLISHED))
     for stale in ("peak_flops", "peak_source"):  # one peak for the whole run: the rule before peaks per step
         meta.pop(stale, None)
     if meta.get("peak_device") != device:
@@ -191,7 +190,7 @@ def _run_task(t: Task, run: _Run) -> dict:
         oom = is_oom(exc)
         row.update(status=OOM if oom else ERROR, message=one_line(exc))
         if oom:
-            _free(getattr(run.backend, "device", "cpu"))
+            free_memory(getattr(run.backend, "device", "cpu"))
     return row
 
 

@@ -224,14 +224,15 @@ def load_meta(out: str) -> dict:
 
 
 def save_meta(out: str, meta: dict) -> None:
-    write(os.path.join(out, META), json.dumps(_jsonable(meta), indent=2))
+    write(os.path.join(out, META), json.dumps(jsonable(meta), indent=2))
 
 
-def _jsonable(x):
+def jsonable(x):
+    """``x`` with its tuples as lists (nested in dicts and lists too), as JSON reads them back."""
     if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
+        return {k: jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
+        return [jsonable(v) for v in x]
     return x
 
 
