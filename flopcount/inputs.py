@@ -17,7 +17,7 @@ from .errors import InputShapeError, UtilizationError, one_line
 from .model_calls import preserved, unwrap
 
 DEFAULT_IMAGE_SHAPE = (3, 224, 224)
-SEED = 0
+SEED = 0  # the seed of every value flopcount makes up: the weights models builds, the inputs made here
 
 
 def to_device(x, device, dtype: Optional[torch.dtype] = None):

@@ -1,5 +1,6 @@
 """Model specs: a torchvision name (every family), ``hf:ID_OR_DIR``, ``path/to/file.py:factory`` or
-``package.module:attr``; the example batch each is fed (images, token ids, detection targets).
+``package.module:attr``, built into a model, and with ``build`` a batch of its example input (``inputs``: images,
+token ids, detection targets).
 
 Every model is built under a fixed random seed, so that the same spec gives the same weights on every build: a
 step that must be counted on the CPU (its forward needs tensor values) rebuilds a meta-built model there, and the
@@ -126,7 +127,7 @@ def _build_other(spec: str, num_classes: Optional[int]):
 def build(spec: str, *, batch: int = 1, input_shape=None, num_classes: Optional[int] = None, device: str = "meta",
           dtype=None, random: bool = False, seq_len: Optional[int] = None, train: bool = True):
     """(model, a batch of its example input, display name) from a model spec: the one entry point every command
-    takes a MODEL through. ``dtype`` converts both; ``seq_len`` asks for token ids (see ``example_inputs``).
+    takes a MODEL through. ``dtype`` converts both; ``seq_len`` asks for token ids (see ``inputs.example_inputs``).
     On a real device the input always has seeded random values (``random`` is kept for callers that say so);
     on meta it has none, except integer inputs (token ids, masks, targets), which are real CPU tensors."""
     dtype = parse_dtype(dtype)
