@@ -36,7 +36,7 @@ from tqdm import tqdm  # noqa: E402
 import flopcount  # noqa: E402
 from flopcount import models_vision  # noqa: E402
 from flopcount.models import build  # noqa: E402
-from flopcount.report import atomic_write  # noqa: E402
+from flopcount.outputs import atomic_write  # noqa: E402
 
 COLUMNS = ["model", "family", "input", "status", "forward_flops", "backward_flops", "uncounted", "downloaded",
            "eval_forward_gmacs", "weights", "weights_gmacs", "ratio", "seconds", "reason"]
@@ -119,7 +119,7 @@ def eval_macs(name, model, inputs):
         return probe, {}
     except Exception:
         pass
-    from flopcount.step import random_on
+    from flopcount.inputs import random_on
     from flopcount.models import rebuild_on_cpu
 
     real = rebuild_on_cpu(model) or model

@@ -13,7 +13,7 @@ import os
 import sys
 
 from flopcount.errors import FlopcountError
-from flopcount.report import atomic_write
+from flopcount.outputs import atomic_write
 
 
 def main(argv=None) -> int:

@@ -1,35 +1,61 @@
 """flopcount: count the FLOPs of a PyTorch training step and measure how well a device is used."""
 from __future__ import annotations
 
-from typing import Callable, Optional
-
-import sys as _sys
-
-try:
-    from . import estimators
-    from .estimators import EstimatorError, available as available_estimators, get_estimator, register_estimator
-    from .report import FlopReport
-    # A submodule import binds the submodule's name on the package. Import the submodules that share a name with
-    # a public function first, then bind the functions: a later ``import flopcount.utilization`` finds the module
-    # loaded and leaves the function in place.
-    from . import compare as _compare_module, utilization as _utilization_module  # noqa: F401
-    from .compare import compare
-    from .utilization import utilization
-    from .infer import generate_cost
-except KeyboardInterrupt:
-    # Ctrl-C in the seconds torch takes to import, from the ``flopcount`` command (or ``python -m flopcount``, whose
-    # argv[0] is "-m" while the package loads): the command's one line, not a traceback; a library caller gets
-    # its KeyboardInterrupt as ever
-    if _sys.argv and (_sys.argv[0] == "-m" or _sys.argv[0].rpartition("/")[2] == "flopcount"):
-        print("flopcount: interrupted", file=_sys.stderr)
-        raise SystemExit(130) from None
-    raise
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Callable, Optional
 
 __version__ = "0.1.0"
 __all__ = [
     "count", "compare", "utilization", "generate_cost", "FlopReport", "register_formula", "register_estimator",
     "available_estimators", "get_estimator", "estimators", "EstimatorError",
 ]
+
+# The public names that live in submodules load on first use (PEP 562): importing the package, as the command line
+# does before it parses its arguments, costs neither torch nor pandas. name -> (submodule, attribute; None: the module)
+_LAZY = {
+    "estimators": ("estimators", None),
+    "EstimatorError": ("estimators", "EstimatorError"),
+    "available_estimators": ("estimators", "available"),
+    "get_estimator": ("estimators", "get_estimator"),
+    "register_estimator": ("estimators", "register_estimator"),
+    "FlopReport": ("report", "FlopReport"),
+    "compare": ("compare", "compare"),
+    "utilization": ("utilization", "utilization"),
+    "generate_cost": ("infer", "generate_cost"),
+}
+# Submodules named like the public function they hold: importing one must not put the module in the function's place.
+_SHADOWED = ("compare", "utilization")
+
+if TYPE_CHECKING:
+    from .estimators import EstimatorError, available as available_estimators, get_estimator, register_estimator
+    from .report import FlopReport
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attr = _LAZY[name]
+    loaded = importlib.import_module(f"{__name__}.{module}")
+    value = loaded if attr is None else getattr(loaded, attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
+
+class _Package(types.ModuleType):
+    def __setattr__(self, name, value):
+        # the import system binds every submodule on its package once loaded; `flopcount.compare` stays the function
+        if name in _SHADOWED and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def count(model, inputs, *, estimator: str = "dispatch", backward: bool = True, loss_fn: Optional[Callable] = None,
@@ -50,9 +76,10 @@ def count(model, inputs, *, estimator: str = "dispatch", backward: bool = True, 
     being one data-parallel rank's batch; collectives are ops of the ``collective`` family with the bytes the rank
     sends. A model sharded already (``fully_shard``, ``parallelize_module``) is counted as it is.
     """
-    from .api_checks import check_model
-    from .estimators.base import make_request, run
     from . import distributed
+    from .api_checks import check_model
+    from .estimators import EstimatorError, get_estimator
+    from .estimators.base import make_request, run
 
     check_model(model)  # before the sharding checks, which walk its modules
     if world is not None or distributed.is_parallelized(model):
@@ -80,7 +107,7 @@ def count(model, inputs, *, estimator: str = "dispatch", backward: bool = True, 
 
 def eval_mode_note(model) -> Optional[str]:
     """What a count must say about a model with modules in eval mode, or None when every module trains."""
-    from .step import unwrap
+    from .model_calls import unwrap
 
     inner = unwrap(model)
     if not hasattr(inner, "named_modules"):

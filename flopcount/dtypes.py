@@ -1,18 +1,19 @@
 """Floating-point dtypes by name, and the peak column (precision) each one runs at: the one table of both."""
 from __future__ import annotations
 
-from typing import Optional
-
-import torch
+from typing import TYPE_CHECKING, Optional
 
 from .errors import FlopcountError, UnknownPeak
 
-# name (as users write it, or as torch prints it) -> torch dtype
+if TYPE_CHECKING:  # torch loads where a dtype is made: the command line and the peak table read only the names here
+    import torch
+
+# name (as users write it, or as torch prints it) -> torch's name of the dtype
 _BY_NAME = {
-    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-    "float64": torch.float64, "fp64": torch.float64, "double": torch.float64,
+    "float32": "float32", "fp32": "float32", "float": "float32",
+    "bfloat16": "bfloat16", "bf16": "bfloat16",
+    "float16": "float16", "fp16": "float16", "half": "float16",
+    "float64": "float64", "fp64": "float64", "double": "float64",
 }
 # torch dtype name -> peak column
 _PRECISION = {
@@ -32,12 +33,14 @@ class DtypeError(FlopcountError):
 
 def parse_dtype(dtype) -> Optional[torch.dtype]:
     """``"bf16"``, ``"torch.bfloat16"`` or ``torch.bfloat16`` -> ``torch.bfloat16``; None stays None."""
+    import torch
+
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
     key = str(dtype).replace("torch.", "").strip().lower()
     if key not in _BY_NAME:
         raise DtypeError(f"unknown dtype {dtype!r}; use {', '.join(CHOICES)}")
-    return _BY_NAME[key]
+    return getattr(torch, _BY_NAME[key])
 
 
 def dtype_name(dtype) -> str:
@@ -52,8 +55,7 @@ def precision_of(dtype, allow_tf32: bool = False) -> str:
     if name in PRECISION_DTYPE or name == "fp16_nontensor":
         prec = name
     else:
-        parsed = _BY_NAME.get(name)
-        prec = _PRECISION.get(dtype_name(parsed) if parsed is not None else name)
+        prec = _PRECISION.get(_BY_NAME.get(name, name))
         if prec is None:
             raise UnknownPeak(f"no floating-point peak applies to dtype {name!r}; expected float64/32/16 or bfloat16")
     return "tf32" if prec == "fp32" and allow_tf32 else prec

@@ -7,6 +7,7 @@ The CLI prints it as ``flopcount: error: <first line>`` and exits with code 2.
 from __future__ import annotations
 
 import os
+import sys
 from contextlib import contextmanager
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -47,6 +48,10 @@ class UnknownDevice(FlopcountError):
 
 class UnknownPeak(FlopcountError):
     """The device has no figure for this precision."""
+
+
+class GenerationError(FlopcountError):
+    """The model cannot be run as a generation here (not a causal language model, too long a sequence)."""
 
 
 class OutputError(FlopcountError):
@@ -111,3 +116,24 @@ def is_oom(exc: BaseException) -> bool:
     if type(exc).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError / torch.cuda.OutOfMemoryError
         return True
     return isinstance(exc, RuntimeError) and any(s in str(exc).lower() for s in _OOM_TEXT)
+
+
+@contextmanager
+def oom_as_error(what: str = "the training step", cuda=None):
+    """Turn an out-of-memory failure inside the block into ``OutOfMemory``, with the device's cache released."""
+    try:
+        yield
+    except OutOfMemory:
+        raise
+    except BaseException as exc:
+        if not is_oom(exc):
+            raise
+        first = one_line(exc, 200)
+        del exc  # the traceback pins the step's tensors; let them go before freeing the cache
+        # torch is not imported here: this module is read by the command line before anything, and an
+        # out-of-memory error can only come from a process that has torch loaded already
+        torch = sys.modules.get("torch")
+        api = cuda if cuda is not None else (torch.cuda if torch is not None and torch.cuda.is_available() else None)
+        if api is not None and hasattr(api, "empty_cache"):
+            api.empty_cache()
+        raise OutOfMemory(f"out of memory in {what}: {first}") from None

@@ -30,6 +30,16 @@ FLOW_SHAPE = (3, 512, 512)
 BOXES_PER_IMAGE = 4
 
 
+def builder(name: str):
+    """torchvision's builder of the model ``name``, or None where torchvision has no model of that name."""
+    import torchvision.models as tvm
+
+    try:
+        return tvm.get_model_builder(name)
+    except ValueError:
+        return None
+
+
 def family(name: str) -> Optional[str]:
     import torchvision.models as tvm
 

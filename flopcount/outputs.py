@@ -1,4 +1,4 @@
-"""Whether a path may receive one of flopcount's outputs (a figure, a trace, a report, a capture).
+"""Where flopcount's outputs (a figure, a trace, a report, a capture, a cache) may go, and writing them there.
 
 Outputs are written next to the path and renamed over it, so that a reader never sees half a file; renaming over a
 device node or a named pipe would replace it by a regular file (``--plot /dev/full`` run as root would remove the
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import stat
+import tempfile
 
 from .errors import OutputError
 
@@ -33,3 +34,24 @@ def check_output(path, what: str = "the output") -> str:
     if stat.S_ISREG(mode) or stat.S_ISLNK(mode):
         return path
     raise OutputError(f"{path} is {kind_of(mode)}: {what} is written only to a regular file or a new path")
+
+
+def atomic_write(path: str, data) -> None:
+    """Write ``data`` (text or bytes) to ``path`` so that a reader never sees half a file and a crash loses nothing
+    old. The file is replaced, never written through: a symlink at ``path`` is replaced, not followed; anything but a
+    regular file, a symlink or a new path is refused (``check_output``)."""
+    path = check_output(path)  # a device node or a pipe would be replaced by the rename
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
+    try:
+        with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as fh:
+            fh.write(data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; the result is an ordinary file
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

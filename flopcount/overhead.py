@@ -158,7 +158,8 @@ def step_timer(model, name: str = "", *, device: str = "cpu", input_shape=None, 
     on ``device``: the ladder's timer. With ``min_seconds``, a fast step is timed more often (up to
     ``max_steps``) so that each rung spends at least that long: sub-millisecond steps need many samples."""
     from .errors import model_errors
-    from .step import make_inputs, make_train_step
+    from .inputs import make_inputs
+    from .step import make_train_step
     from .timing import time_step
 
     def timer(batch: int):

@@ -19,12 +19,12 @@ def _pyplot():
 
 
 def _save(fig, path: str, plt, dpi: int = 100) -> str:
-    """Render the figure, then write it with ``report.atomic_write``: never through a symlink planted at ``path``
+    """Render the figure, then write it with ``outputs.atomic_write``: never through a symlink planted at ``path``
     (savefig would follow it and overwrite whatever it points to), never half a file; a path that cannot be
     written is one ``OutputError`` line."""
     import io
 
-    from .report import atomic_write
+    from .outputs import atomic_write
 
     path = os.fspath(path)
     try:

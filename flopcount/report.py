@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import json
 import numbers
-import os
-import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Optional
 
-import pandas as pd
+from .outputs import atomic_write
+
+if TYPE_CHECKING:  # pandas loads where a frame is built, so that a module reading only the constants pays nothing
+    import pandas as pd
 
 # recompute: forward ops re-run during backward by activation checkpointing (hardware FLOPs, not model FLOPs);
 # prefill and decode: a generation's (flopcount.infer)
@@ -60,6 +61,8 @@ class FlopReport:
 
     @classmethod
     def from_rows(cls, rows: Iterable[dict], **meta) -> "FlopReport":
+        import pandas as pd
+
         frame = pd.DataFrame(list(rows))
         if frame.empty:
             frame = pd.DataFrame(columns=COLUMNS)
@@ -230,6 +233,8 @@ class FlopReport:
                 rows.append(dict(own[p], depth=d + 1))
 
         visit("")  # recursion is as deep as the model's nesting, not its size
+        import pandas as pd
+
         tree = pd.DataFrame(rows, index=pd.Index(index, name="module"))
         tree = tree[["depth", "params"] + values].astype("int64")
         if known is None:
@@ -292,26 +297,3 @@ def _ancestors(path: str) -> list:
     """The root, each enclosing module and the path itself: ``a.b`` -> ["", "a", "a.b"]."""
     parts = path.split(".") if path else []
     return [".".join(parts[:i]) for i in range(len(parts) + 1)]
-
-
-def atomic_write(path: str, data) -> None:
-    """Write ``data`` (text or bytes) to ``path`` so that a reader never sees half a file and a crash loses nothing
-    old. The file is replaced, never written through: a symlink at ``path`` is replaced, not followed; anything but a
-    regular file, a symlink or a new path is refused (``outputs.check_output``)."""
-    from .outputs import check_output
-
-    path = check_output(path)  # a device node or a pipe would be replaced by the rename
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as fh:
-            fh.write(data)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; the result is an ordinary file
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

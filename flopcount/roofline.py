@@ -8,8 +8,8 @@ explains: overhead (Python, dispatch, kernel launches) and inefficiency (kernels
 
 Per model, the batch-doubling test that tells overhead apart lives in ``flopcount.overhead``.
 
-Which peak an op is held against is ``devices.op_precision`` (matrix families at their dtype's peak, TF32 where
-allowed; every other family at fp32), and the step as a whole against ``devices.precision_mix``: the one peak
+Which peak an op is held against is ``peak_policy.op_precision`` (matrix families at their dtype's peak, TF32 where
+allowed; every other family at fp32), and the step as a whole against ``peak_policy.precision_mix``: the one peak
 policy that utilization and the study use too.
 
 Bytes follow the report's rule (each input read once, each output written once), a lower bound: the roofline
@@ -28,9 +28,9 @@ from typing import List, Optional, Sequence, Union
 
 import pandas as pd
 
-from .devices import (MATRIX_FAMILIES, PRECISIONS, DeviceSpec, UnknownPeak, effective_peak, op_precision,
-                      precision_mix)
-from .errors import FlopcountError
+from .device_spec import PRECISIONS, DeviceSpec
+from .errors import FlopcountError, UnknownPeak
+from .peak_policy import MATRIX_FAMILIES, effective_peak, op_precision, precision_mix
 from .report import FlopReport, UNCOUNTED
 
 COMPUTE, MEMORY, COMMUNICATION, NONE = "compute", "memory", "communication", "-"
@@ -133,7 +133,7 @@ class Roofline:
 
     @property
     def peak_flops(self) -> float:
-        """The peak the step is held against: ``devices.precision_mix`` of its ops, as utilization and the
+        """The peak the step is held against: ``peak_policy.precision_mix`` of its ops, as utilization and the
         study take it."""
         mix = precision_mix(self.ops, tf32=self.tf32, spec=self.spec)
         return effective_peak(mix, self.spec) if mix else self.spec.peak("fp32")
@@ -229,7 +229,7 @@ def analyze(report: FlopReport, spec: DeviceSpec, *, allow_tf32: Union[bool, dic
             measured_seconds: Optional[float] = None, phases: Optional[Sequence[str]] = None) -> Roofline:
     """The roofline of the step a report counted, on ``spec``.
 
-    ``allow_tf32``: a bool, or per family as ``devices.tf32_allowed()`` gives it. ``phases`` restricts the
+    ``allow_tf32``: a bool, or per family as ``peak_policy.tf32_allowed()`` gives it. ``phases`` restricts the
     analysis (default: every phase of the report). ``measured_seconds``: a measured step time to set against it.
     """
     bandwidth = _bandwidth(spec)
@@ -299,7 +299,7 @@ def from_spec(spec: str, device_spec, *, batch: int = 1, dtype="float32", tf32: 
     """The roofline of a model spec's training step (counted on meta, nothing run, with the kernels the named
     device would choose) on that device: the one pipeline of ``flopcount roofline`` and the study's roofline
     figure."""
-    from .devices import get_device
+    from .datasheet import get_device
     from .errors import model_errors
     from .estimators.dispatch import count_step
     from .models import build

@@ -31,7 +31,7 @@ def check_scaling(model, name: str = "", *, batch: int, input_shape=None, estima
                   backward: bool = True, seq_len=None, **options) -> pd.DataFrame:
     """Count ``model`` at batch 1 and at ``batch``; return the rows that do not scale exactly (empty when all do)."""
     from . import count
-    from .models import example_inputs
+    from .inputs import example_inputs
 
     reports = [
         count(model, example_inputs(model, name, batch=b, input_shape=input_shape, seq_len=seq_len),

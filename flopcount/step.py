@@ -1,4 +1,5 @@
-"""THE training step: its inputs, its loss, its optimizer, and how a model is called and watched.
+"""THE training step: its loss, its optimizer and the step itself, on a batch made by ``inputs`` and a model called
+through ``model_calls``.
 
 The counter (``estimators.dispatch``), the timer (``timing``), ``utilization``, the peers that run the model, the
 profile capture and the study all build their step from here, so that the step that is counted is the step that
@@ -8,15 +9,19 @@ floating-point outputs), the same default optimizer (SGD, lr 0.01), the same inp
 from __future__ import annotations
 
 import inspect
-import numbers
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, List, Optional, Tuple
+from typing import Callable, Iterator, List, Optional, Tuple
 
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
 from .api_checks import check_loss
-from .errors import FlopcountError, UtilizationError
+from .errors import FlopcountError
+# The counter, the peers and the profile capture (estimators/, profiles/) take make_inputs, random_on, module_stack,
+# preserved and unwrap from here; their homes are inputs and model_calls, which this module builds on (neither
+# imports it).
+from .inputs import make_inputs, random_on  # noqa: F401
+from .model_calls import call_model, module_stack, preserved, unwrap  # noqa: F401
 
 
 # --- inputs ---------------------------------------------------------------------------------------------------------
@@ -36,18 +41,6 @@ def batch_size_of(inputs, default: Optional[int] = 1) -> Optional[int]:
     return default
 
 
-def to_device(x, device, dtype: Optional[torch.dtype] = None):
-    """Every tensor in ``x`` on ``device``; floating ones converted to ``dtype`` where given."""
-    def move(t):
-        if not isinstance(t, torch.Tensor):
-            return t
-        if dtype is not None and t.dtype.is_floating_point:
-            return t.to(device=device, dtype=dtype, non_blocking=True)
-        return t.to(device=device, non_blocking=True)
-
-    return tree_map(move, x)
-
-
 def meta_like(x):
     """Every tensor in ``x`` as an empty meta tensor of its shape and dtype (``requires_grad`` kept)."""
     def meta(t):
@@ -57,30 +50,6 @@ def meta_like(x):
         return m.requires_grad_(True) if t.requires_grad and m.dtype.is_floating_point else m
 
     return tree_map(meta, x)
-
-
-def random_like(t: torch.Tensor, device, dtype: Optional[torch.dtype] = None, generator=None) -> torch.Tensor:
-    """A tensor of ``t``'s shape with real values: uninitialised memory can hold denormals or NaNs that run slower
-    paths. A tensor that has values already (token ids drawn within a vocabulary, an attention mask) keeps them;
-    a meta integer tensor becomes zeros, valid for any vocabulary."""
-    if t.device.type != "meta":
-        if dtype is not None and t.dtype.is_floating_point:
-            return t.to(device=device, dtype=dtype)
-        return t.to(device)
-    if t.dtype.is_floating_point:
-        if generator is not None:
-            return torch.randn(t.shape, dtype=dtype or t.dtype, generator=generator).to(device)
-        return torch.randn(t.shape, dtype=dtype or t.dtype, device=device)
-    return torch.zeros(t.shape, dtype=t.dtype, device=device)
-
-
-def random_on(x, device, dtype: Optional[torch.dtype] = None, generator=None):
-    return tree_map(lambda t: random_like(t, device, dtype, generator) if isinstance(t, torch.Tensor) else t, x)
-
-
-def first_sample(x):
-    """The first sample of a batch (leading dimension 1)."""
-    return tree_map(lambda t: t[:1] if isinstance(t, torch.Tensor) and t.dim() > 0 else t, x)
 
 
 def tokens_of(inputs) -> int:
@@ -99,26 +68,6 @@ def signature(x) -> tuple:
     return tuple((tuple(t.shape), str(t.dtype)) for t in _tensors(x))
 
 
-def make_inputs(model, batch, *, name: str = "", device, dtype=None, scope: str = "batch", input_shape=None,
-                seq_len=None):
-    """The step's input on ``device``: ``batch`` is a tensor, a tuple/dict of tensors, or an int (a batch of the
-    model's example input, with random values; ``seq_len`` asks for token ids). ``scope="one"`` keeps the first
-    sample only."""
-    from .models import example_inputs
-
-    if isinstance(batch, (bool, float, str)) or batch is None:
-        raise UtilizationError(f"batch must be a tensor, a tuple/dict of tensors or a batch size, not {batch!r}")
-    if isinstance(batch, numbers.Integral):  # numpy's integers too
-        if batch < 1:
-            raise UtilizationError(f"batch size must be a positive integer, not {batch}")
-        n = 1 if scope == "one" else int(batch)
-        template = example_inputs(unwrap(model), name, batch=n, input_shape=input_shape, device="meta",
-                                  dtype=dtype or torch.float32, seq_len=seq_len)
-        return random_on(template, device, dtype)
-    inputs = to_device(batch, device, dtype)
-    return first_sample(inputs) if scope == "one" else inputs
-
-
 def split_batch(item) -> Tuple[object, object]:
     """A DataLoader item -> (inputs, target): ``(x, y)`` pairs, dicts (no target) or a bare tensor."""
     if isinstance(item, (tuple, list)) and len(item) == 2:
@@ -130,8 +79,6 @@ def split_batch(item) -> Tuple[object, object]:
 
 def resolve_device(device) -> torch.device:
     """``"cpu"``, ``"cuda"`` or ``"cuda:N"`` as a torch.device that is there to run on, else one line saying why."""
-    from .errors import FlopcountError
-
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
@@ -146,115 +93,6 @@ def resolve_device(device) -> torch.device:
     return dev
 
 
-# --- the model ------------------------------------------------------------------------------------------------------
-def unwrap(model):
-    """The module under a DistributedDataParallel / DataParallel wrapper and under ``torch.compile``'s (the counter
-    needs the plain module, whose names are the model's own: no ``module.`` or ``_orig_mod.`` before them)."""
-    while True:
-        inner = getattr(model, "_orig_mod", None) if type(model).__name__ == "OptimizedModule" else None
-        if inner is None:
-            inner = getattr(model, "module", None)
-        if not isinstance(inner, torch.nn.Module) or inner is model:
-            return model
-        model = inner
-
-
-def model_device(model) -> torch.device:
-    for t in list(model.parameters()) + list(model.buffers()):
-        return t.device
-    return torch.device("cpu")
-
-
-def model_float_dtype(model) -> Optional[torch.dtype]:
-    for p in model.parameters():
-        if p.dtype.is_floating_point:
-            return p.dtype
-    return None
-
-
-def call_model(model, inputs):
-    """``model(**inputs)`` for a dict, ``model(*inputs)`` for a tuple, ``model(inputs)`` otherwise."""
-    if isinstance(inputs, dict):
-        return model(**inputs)
-    if isinstance(inputs, tuple):
-        return model(*inputs)
-    return model(inputs)
-
-
-@contextmanager
-def module_stack(model, on_change: Optional[Callable[[], None]] = None,
-                 on_output: Optional[Callable[[str, Any], None]] = None) -> Iterator[List[str]]:
-    """A list whose last element is the dotted path of the module now running (the root is ``""``).
-
-    ``on_change()`` is called at every module's entry and exit, before the stack changes (the counter tags the
-    autograd nodes made so far with the module that made them). ``on_output(path, output)`` is called with what
-    each submodule's forward returned (``None`` when it raised), at every call."""
-    stack = [""]
-    handles = []
-
-    def pre(m, a, name):
-        if on_change is not None:
-            on_change()
-        stack.append(name)
-
-    def post(m, a, o):
-        if on_change is not None:
-            on_change()
-        if on_output is not None:
-            on_output(stack[-1], o)
-        stack.pop()
-
-    for name, mod in model.named_modules():
-        if mod is model:
-            continue
-        handles.append(mod.register_forward_pre_hook(lambda m, a, name=name: pre(m, a, name)))
-        handles.append(mod.register_forward_hook(post, always_call=True))
-    try:
-        yield stack
-    finally:
-        for h in handles:
-            h.remove()
-
-
-def _shallow(v):
-    if isinstance(v, list):
-        return list(v)
-    if isinstance(v, dict):
-        return dict(v)
-    return v
-
-
-@contextmanager
-def preserved(model: torch.nn.Module) -> Iterator[None]:
-    """Give ``model`` back exactly as it was: every module's attributes (plain tensors, lists and dicts of tensors,
-    flags) are put back, and attributes a forward added are removed. A module that caches tensors on itself
-    (torchvision's AnchorGenerator replaces its list of anchors by copies on the input's device) would otherwise
-    keep meta tensors after a count, and the caller's next real forward would fail. Parameters and buffers are
-    never handed to the model during a count (stand-ins are), and the registries that hold them are restored too."""
-    saved = []
-    for m in model.modules():
-        d = m.__dict__
-        saved.append((m, dict(d), {k: _shallow(v) for k, v in d.items() if isinstance(v, (list, dict))}))
-    try:
-        yield
-    finally:
-        for m, attrs, contents in saved:
-            d = m.__dict__
-            for k in [k for k in d if k not in attrs]:
-                del d[k]
-            for k, v in attrs.items():
-                if d.get(k, _MISSING) is not v:
-                    d[k] = v
-            for k, c in contents.items():
-                v = attrs[k]
-                if isinstance(v, list) and (len(v) != len(c) or any(a is not b for a, b in zip(v, c))):
-                    v[:] = c
-                elif isinstance(v, dict) and (v.keys() != c.keys() or any(v[key] is not c[key] for key in c)):
-                    v.clear()
-                    v.update(c)
-
-
-_MISSING = object()
 
 
 COUNT_SEED = 0

@@ -19,16 +19,16 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
 import torch
 
-from .errors import OutOfMemory, TimingError, is_oom, one_line
-from .step import batch_size_of, default_optimizer, make_loss, split_batch, to_device, train_step_fn
+from .errors import OutOfMemory, TimingError, oom_as_error
+from .inputs import to_device
+from .step import batch_size_of, default_optimizer, make_loss, split_batch, train_step_fn
 
-__all__ = ["Measurement", "OutOfMemory", "TimingError", "oom_as_error", "time_step", "time_epoch", "measure"]
+__all__ = ["Measurement", "OutOfMemory", "TimingError", "time_step", "time_epoch", "measure"]
 
 
 @dataclass
@@ -116,24 +116,6 @@ def measure(fn: Callable[[], object], *, repeats: int = 3, warmup: int = 1, cloc
         times.append(clock() - t0)
     return Measurement(times, warmup=warmup, clock="perf_counter" if clock is time.perf_counter else "injected",
                        label=label)
-
-
-@contextmanager
-def oom_as_error(what: str = "the training step", cuda=None):
-    """Turn an out-of-memory failure inside the block into ``OutOfMemory``, with the device's cache released."""
-    try:
-        yield
-    except OutOfMemory:
-        raise
-    except BaseException as exc:
-        if not is_oom(exc):
-            raise
-        first = one_line(exc, 200)
-        del exc  # the traceback pins the step's tensors; let them go before freeing the cache
-        api = cuda if cuda is not None else (torch.cuda if torch.cuda.is_available() else None)
-        if api is not None and hasattr(api, "empty_cache"):
-            api.empty_cache()
-        raise OutOfMemory(f"out of memory in {what}: {first}") from None
 
 
 # --- timers -------------------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ Where each factor comes from, and the mistakes each choice avoids:
   the same optimizer (so its phase is counted too), the same dtype.
 * Seconds: ``flopcount.timing`` (CUDA events after synchronising on a GPU, never a bare host clock; warm-up
   excluded; the median of the timed steps with their interquartile range).
-* Peak: ``devices.resolve_peak`` of the step's precision mix, the one peak policy of the toolkit: the study and
+* Peak: ``peak_policy.resolve_peak`` of the step's precision mix, the one peak policy of the toolkit: the study and
   the roofline hold the same step against the same figure.
 * Several processes: ``flopcount.distributed`` sums FLOPs, bytes and peaks over ranks and takes the slowest
   rank's step time, so the result is against world_size x peak on identical devices.
@@ -20,12 +20,16 @@ from typing import Dict, List, Optional
 
 import torch
 
-from . import devices, distributed, step as steps_
+from . import cpu_probe, distributed, peak_policy, step as steps_
 from .api_checks import check_int, check_model, check_optimizer
+from .device_spec import PRECISIONS
 from .dtypes import dtype_name, parse_dtype
-from .errors import UtilizationError, model_errors
+from .errors import UtilizationError, model_errors, oom_as_error
+from .inputs import first_sample, input_source, make_inputs
+from .model_calls import model_device, model_float_dtype, unwrap
+from .models import load_model
 from .report import FlopReport
-from .timing import Measurement, oom_as_error, time_epoch, time_step
+from .timing import Measurement, time_epoch, time_step
 
 SCOPES = ("one", "batch", "epoch")
 
@@ -70,7 +74,7 @@ class Utilization:
     tokens_per_second: Optional[float] = None
     model_flops_per_token: Optional[float] = None
     hardware_flops_per_token: Optional[float] = None
-    # one sample of the input and where its shape came from (see ``models.input_source``)
+    # one sample of the input and where its shape came from (see ``inputs.input_source``)
     input: Dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
@@ -99,7 +103,7 @@ class _Setup:
 
     @property
     def tf32(self):
-        return devices.tf32_allowed() if self.dev.type == "cuda" else None
+        return peak_policy.tf32_allowed() if self.dev.type == "cuda" else None
 
     def amp(self):
         if self.autocast is None:
@@ -111,7 +115,7 @@ class _Setup:
         only on a real device), on the device itself."""
         from .estimators.dispatch import count_step
 
-        inner = steps_.unwrap(self.model)
+        inner = unwrap(self.model)
         loss = steps_.make_loss(self.loss_fn, target)
         if distributed.is_parallelized(inner):  # FSDP2 / tensor parallel: this rank's step, run as it is
             with self.amp():
@@ -143,7 +147,7 @@ class _Tally:
         for p in report.phases:
             self.phases[p] = self.phases.get(p, 0.0) + weight * report.total(p)
         self.nbytes += weight * report.total_bytes()
-        for prec, v in devices.precision_mix(report, tf32=tf32).items():
+        for prec, v in peak_policy.precision_mix(report, tf32=tf32).items():
             self.mix[prec] = self.mix.get(prec, 0.0) + weight * v
         if report.uncounted:
             note = ("ops without a formula, NOT in the FLOPs: "
@@ -181,14 +185,14 @@ def utilization(model, batch, *, device=None, dtype=None, steps: int = 5, warmup
         return _with_input(_epoch(setup, batch, loader), described)
 
     with oom_as_error("making the input batch"):
-        inputs = steps_.make_inputs(model, batch, name=model_name, device=setup.dev, dtype=setup.dtype, scope=scope,
+        inputs = make_inputs(model, batch, name=model_name, device=setup.dev, dtype=setup.dtype, scope=scope,
                                     input_shape=input_shape, seq_len=seq_len)
     if target is not None and scope == "one":
-        target = steps_.first_sample(target)
-    tally = _Tally(batch_share=1.0 / distributed.ranks_per_batch(steps_.unwrap(model)))
+        target = first_sample(target)
+    tally = _Tally(batch_share=1.0 / distributed.ranks_per_batch(unwrap(model)))
     tally.add(setup.count(inputs, target), setup.tf32, tokens=steps_.tokens_of(inputs) * tally.batch_share)
     # the peak is settled before any timing: an unknown device fails in a second, not after a minute of steps
-    devices.resolve_peak(tally.mix, device=setup.dev, peak=peak, device_spec=device_spec)
+    peak_policy.resolve_peak(tally.mix, device=setup.dev, peak=peak, device_spec=device_spec)
     run = steps_.train_step_fn(model, loss=steps_.make_loss(loss_fn, target), optimizer=setup.optimizer)
 
     def step():
@@ -205,11 +209,9 @@ def _described_input(model, batch, model_name, input_shape, seq_len, loader) -> 
     that says nothing about its input) is said at once, as a warning, so that a wrong guess costs no wait."""
     import warnings
 
-    from .models import input_source
-
     if loader is not None or not isinstance(batch, numbers.Integral):
         return {"shape": "as given", "source": "given"}
-    described = input_source(steps_.unwrap(model), model_name, input_shape=input_shape, seq_len=seq_len)
+    described = input_source(unwrap(model), model_name, input_shape=input_shape, seq_len=seq_len)
     if described["source"] == "default":
         warnings.warn(f"no input shape given: each sample is {described['shape']}, the default for an image model; "
                       "give input_shape=(C, H, W) (--input-shape C,H,W) if the model takes another", stacklevel=3)
@@ -229,17 +231,17 @@ def _prepare(model, *, device, dtype, autocast, optimizer, **rest) -> _Setup:
     check_optimizer(optimizer)
     check_int("warmup", rest["warmup"], 0)
     dtype, autocast = parse_dtype(dtype), parse_dtype(autocast)
-    inner = steps_.unwrap(model)
+    inner = unwrap(model)
     if optimizer is None and not any(p.requires_grad for p in inner.parameters()):
         raise UtilizationError(f"{type(inner).__name__} has no trainable parameters: utilization times a training "
                                "step, which would update nothing")
-    here = steps_.model_device(inner)
+    here = model_device(inner)
     if here.type == "meta":
         raise UtilizationError("the model is on the meta device; build it on the device to time it on")
     dev = steps_.resolve_device(device) if device is not None else here
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
-    if dev != here or (dtype is not None and dtype != steps_.model_float_dtype(inner)):
+    if dev != here or (dtype is not None and dtype != model_float_dtype(inner)):
         if inner is not model:
             raise UtilizationError("move and convert a wrapped (DDP) model before wrapping it")
         model.to(device=dev, dtype=dtype) if dtype is not None else model.to(dev)
@@ -249,7 +251,7 @@ def _prepare(model, *, device, dtype, autocast, optimizer, **rest) -> _Setup:
 
 
 def _dtype_label(setup: _Setup) -> str:
-    label = dtype_name(setup.dtype or steps_.model_float_dtype(steps_.unwrap(setup.model)) or torch.float32)
+    label = dtype_name(setup.dtype or model_float_dtype(unwrap(setup.model)) or torch.float32)
     return label + (f" (autocast {dtype_name(setup.autocast)})" if setup.autocast is not None else "")
 
 
@@ -260,7 +262,7 @@ def _synthetic_loader(setup: _Setup, batch, batches: int = 4):
     if batch < 1:  # checked here: the synthetic set holds `batches` of them, and its size would be named instead
         raise UtilizationError(f"batch size must be a positive integer, not {batch}")
     batch = int(batch)
-    x = steps_.make_inputs(setup.model, batch * batches, name=setup.model_name, device="cpu", dtype=setup.dtype,
+    x = make_inputs(setup.model, batch * batches, name=setup.model_name, device="cpu", dtype=setup.dtype,
                            input_shape=setup.input_shape, seq_len=setup.seq_len)
     if not isinstance(x, torch.Tensor):
         raise UtilizationError("scope 'epoch' with a multi-input model needs a loader=")
@@ -297,18 +299,18 @@ def _epoch(setup: _Setup, batch, loader) -> Utilization:
 
 def _finish(setup: _Setup, tally: _Tally, timed: Measurement, *, batch_size: int, scope: str,
             steps: Optional[int] = None, epoch: bool = False) -> Utilization:
-    peak_flops, source, spec = devices.resolve_peak(tally.mix, device=setup.dev, peak=setup.peak,
+    peak_flops, source, spec = peak_policy.resolve_peak(tally.mix, device=setup.dev, peak=setup.peak,
                                                     device_spec=setup.device_spec)
     if spec is not None and spec.measured and tally.flops / timed.median > peak_flops:
         # a step faster than a cached, measured CPU peak means the probe ran on a busier machine: measure again
         # (the cache keeps the best) before holding the step against it
-        devices.cpu_spec(devices.mix_dtypes(tally.mix), refresh=True)
+        cpu_probe.cpu_spec(peak_policy.mix_dtypes(tally.mix), refresh=True)
         tally.notes.append(f"the step beat the cached CPU peak ({peak_flops:.4g} FLOP/s): peak measured again")
-        peak_flops, source, spec = devices.resolve_peak(tally.mix, device=setup.dev)
+        peak_flops, source, spec = peak_policy.resolve_peak(tally.mix, device=setup.dev)
 
     names = [p for p in ("forward", "backward", "recompute", "optimizer") if p in tally.phases]
     bandwidth = spec.bandwidth if spec is not None and spec.bandwidth else 0.0
-    precs = devices.PRECISIONS  # a fixed order, so that every rank's list lines up
+    precs = PRECISIONS  # a fixed order, so that every rank's list lines up
     head = [tally.phases[p] for p in names] + [tally.nbytes, peak_flops, bandwidth,
                                                float(batch_size) * tally.batch_share, 1.0, tally.tokens]
     sums = distributed.reduce(head + [float(tally.mix.get(p, 0.0)) for p in precs], "sum")
@@ -337,7 +339,7 @@ def _finish(setup: _Setup, tally: _Tally, timed: Measurement, *, batch_size: int
         achieved_bandwidth=achieved_bw, bandwidth=bandwidth or None,
         bandwidth_utilization=(achieved_bw / bandwidth) if bandwidth else None,
         device=str(setup.dev), dtype=_dtype_label(setup), batch_size=int(batch_size), world_size=ranks,
-        scope=scope, model=setup.model_name or type(steps_.unwrap(setup.model)).__name__, precision_mix=mix,
+        scope=scope, model=setup.model_name or type(unwrap(setup.model)).__name__, precision_mix=mix,
         steps=steps if steps is not None else timed.runs, warmup=setup.warmup,
         samples_per_second=total_batch / seconds, times=[seconds] if epoch else list(timed.times), notes=notes,
         model_flops_per_step=model_flops, mfu=model_flops / seconds / peak_flops, hfu=achieved / peak_flops,
@@ -351,8 +353,6 @@ def from_spec(spec: str, batch, *, device: str = "cpu", num_classes=None, world=
     """``utilization`` of a model spec (see ``models.load_model``) as the CLI runs it: under torchrun each rank
     builds the model on its device, wraps it in DDP (or, with ``world``, shards it: FSDP2 and tensor parallel on
     the launched ranks) and measures; returns (Utilization, rank)."""
-    from .models import load_model
-
     dtype = parse_dtype(options.pop("dtype", None))
     steps_.resolve_device(device)  # before anything is built on it
     with distributed.launched_group(device) as (device, rank):

@@ -4,10 +4,12 @@ import json
 import pytest
 import torch
 
-from flopcount import devices
-from flopcount.devices import (DeviceSpec, UnknownDevice, UnknownPeak, effective_peak, get_device, list_devices,
-                               precision_of)
-from flopcount.errors import FlopcountError
+from flopcount import cpu_probe
+from flopcount.datasheet import get_device, list_devices
+from flopcount.device_spec import DeviceSpec
+from flopcount.dtypes import precision_of
+from flopcount.errors import FlopcountError, UnknownDevice, UnknownPeak
+from flopcount.peak_policy import effective_peak
 
 
 # (name as CUDA reports it, precision, figure from the vendor datasheet)
@@ -126,31 +128,31 @@ def test_cpu_spec_is_measured_and_cached(tmp_path, monkeypatch):
         calls.append(dtype)
         return 5e10
 
-    monkeypatch.setattr(devices, "probe_matmul", fake_mm)
-    monkeypatch.setattr(devices, "probe_bandwidth", lambda: 2e10)
-    spec = devices.cpu_spec(threads=3)
+    monkeypatch.setattr(cpu_probe, "probe_matmul", fake_mm)
+    monkeypatch.setattr(cpu_probe, "probe_bandwidth", lambda: 2e10)
+    spec = cpu_probe.cpu_spec(threads=3)
     assert spec.peak("fp32") == 5e10 and spec.bandwidth == 2e10
     assert spec.measured and spec.source.startswith("measured")
     cache = json.loads((tmp_path / "cpu_peaks.json").read_text())
     assert any("threads=3" in k and k.endswith("float32") for k in cache)
     # second call: from the cache, no new probe; another thread count is a new key
-    devices.cpu_spec(threads=3)
+    cpu_probe.cpu_spec(threads=3)
     assert calls == ["float32"]
-    devices.cpu_spec(threads=1)
+    cpu_probe.cpu_spec(threads=1)
     assert calls == ["float32", "float32"]
 
 
 def test_corrupt_cache_is_remeasured(tmp_path, monkeypatch):
     monkeypatch.setenv("FLOPCOUNT_CACHE_DIR", str(tmp_path))
     (tmp_path / "cpu_peaks.json").write_text("{not json")
-    monkeypatch.setattr(devices, "probe_matmul", lambda dtype: 1e10)
-    monkeypatch.setattr(devices, "probe_bandwidth", lambda: 1e9)
-    assert devices.cpu_spec().peak("fp32") == 1e10
+    monkeypatch.setattr(cpu_probe, "probe_matmul", lambda dtype: 1e10)
+    monkeypatch.setattr(cpu_probe, "probe_bandwidth", lambda: 1e9)
+    assert cpu_probe.cpu_spec().peak("fp32") == 1e10
 
 
 def test_probe_matmul_is_a_plausible_rate():
     # a small real probe: positive and below 100 TFLOP/s, which no CPU core count here could reach
-    reading = devices.probe_matmul(max_n=256, repeats=2)
+    reading = cpu_probe.probe_matmul(max_n=256, repeats=2)
     rate = reading.rate(best=True)
     assert reading.runs == 2 and reading.work == 2 * 256 ** 3
     assert 1e8 < rate < 1e14
@@ -170,7 +172,7 @@ def test_probe_matmul_keeps_the_fastest_size(monkeypatch):
         return timing.Measurement([seconds[n]] * repeats, warmup=warmup, label=label)
 
     monkeypatch.setattr(timing, "measure", fake_measure)
-    reading = devices.probe_matmul(max_n=4096, budget_s=1.2)
+    reading = cpu_probe.probe_matmul(max_n=4096, budget_s=1.2)
     assert tried == [256, 512, 1024, 2048]  # 2048 took 0.4 s >= 1.2 / 12: the last size tried
     assert reading.work == 2 * 512 ** 3
     assert reading.rate(best=True) == 2 * 512 ** 3 / 4e-3
@@ -184,10 +186,10 @@ def test_device_spec_ridge():
 def test_cache_keeps_the_best_measurement(tmp_path, monkeypatch):
     monkeypatch.setenv("FLOPCOUNT_CACHE_DIR", str(tmp_path))
     readings = iter([5e10, 3e10])  # the second probe ran while the machine was busy
-    monkeypatch.setattr(devices, "probe_matmul", lambda dtype: next(readings))
-    monkeypatch.setattr(devices, "probe_bandwidth", lambda: 1e9)
-    assert devices.cpu_spec().peak("fp32") == 5e10
-    assert devices.cpu_spec(refresh=True).peak("fp32") == 5e10
+    monkeypatch.setattr(cpu_probe, "probe_matmul", lambda dtype: next(readings))
+    monkeypatch.setattr(cpu_probe, "probe_bandwidth", lambda: 1e9)
+    assert cpu_probe.cpu_spec().peak("fp32") == 5e10
+    assert cpu_probe.cpu_spec(refresh=True).peak("fp32") == 5e10
 
 
 class _SettingsWithoutAllowTf32:
@@ -203,7 +205,7 @@ class _SettingsWithoutAllowTf32:
 
 @pytest.mark.parametrize("precision, expected", [("ieee", False), ("tf32", True), ("none", False)])
 def test_tf32_allowed_reads_a_torch_without_the_old_allow_tf32_flag(monkeypatch, precision, expected):
-    from flopcount.devices import tf32_allowed
+    from flopcount.peak_policy import tf32_allowed
 
     monkeypatch.setattr(torch.backends.cuda, "matmul", _SettingsWithoutAllowTf32(precision))
     monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "highest")
@@ -212,7 +214,7 @@ def test_tf32_allowed_reads_a_torch_without_the_old_allow_tf32_flag(monkeypatch,
 
 
 def test_tf32_allowed_follows_the_matmul_precision_setting(monkeypatch):
-    from flopcount.devices import tf32_allowed
+    from flopcount.peak_policy import tf32_allowed
 
     monkeypatch.setattr(torch.backends.cuda, "matmul", _SettingsWithoutAllowTf32("none"))
     monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "high")
@@ -222,11 +224,11 @@ def test_tf32_allowed_follows_the_matmul_precision_setting(monkeypatch):
 # --- the CPU's cached peak: when, under what load, and measured again on request ---------------------------------
 def test_a_probe_under_load_is_cached_with_its_load_and_says_so(tmp_path, monkeypatch):
     monkeypatch.setenv("FLOPCOUNT_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(devices, "probe_matmul", lambda dtype: 3.55e10)
-    monkeypatch.setattr(devices, "probe_bandwidth", lambda: 1e9)
-    monkeypatch.setattr(devices, "machine_load", lambda: 12.0)
-    monkeypatch.setattr(devices.os, "cpu_count", lambda: 2)
-    spec = devices.cpu_spec(threads=2)
+    monkeypatch.setattr(cpu_probe, "probe_matmul", lambda dtype: 3.55e10)
+    monkeypatch.setattr(cpu_probe, "probe_bandwidth", lambda: 1e9)
+    monkeypatch.setattr(cpu_probe, "machine_load", lambda: 12.0)
+    monkeypatch.setattr(cpu_probe.os, "cpu_count", lambda: 2)
+    spec = cpu_probe.cpu_spec(threads=2)
     assert "load average 12.00 on 2 cores" in spec.source and "under load" in spec.source
     assert "--probe-cpu" in spec.source
     entry = next(v for k, v in json.loads((tmp_path / "cpu_peaks.json").read_text()).items() if k.endswith("float32"))
@@ -236,21 +238,21 @@ def test_a_probe_under_load_is_cached_with_its_load_and_says_so(tmp_path, monkey
 def test_a_quiet_probe_replaces_a_low_reading_and_is_not_said_to_be_under_load(tmp_path, monkeypatch):
     monkeypatch.setenv("FLOPCOUNT_CACHE_DIR", str(tmp_path))
     readings, loads = iter([3.55e10, 1.99e11]), iter([12.0, 12.0, 0.1, 0.1])
-    monkeypatch.setattr(devices, "probe_matmul", lambda dtype: next(readings))
-    monkeypatch.setattr(devices, "probe_bandwidth", lambda: 1e9)
-    monkeypatch.setattr(devices, "machine_load", lambda: next(loads))
-    monkeypatch.setattr(devices.os, "cpu_count", lambda: 2)
-    devices.cpu_spec(threads=2)
-    spec = devices.cpu_spec(threads=2, refresh=True)
+    monkeypatch.setattr(cpu_probe, "probe_matmul", lambda dtype: next(readings))
+    monkeypatch.setattr(cpu_probe, "probe_bandwidth", lambda: 1e9)
+    monkeypatch.setattr(cpu_probe, "machine_load", lambda: next(loads))
+    monkeypatch.setattr(cpu_probe.os, "cpu_count", lambda: 2)
+    cpu_probe.cpu_spec(threads=2)
+    spec = cpu_probe.cpu_spec(threads=2, refresh=True)
     assert spec.peak("fp32") == 1.99e11 and "under load" not in spec.source
 
 
 def test_an_older_cache_of_bare_numbers_is_still_read(tmp_path, monkeypatch):
     monkeypatch.setenv("FLOPCOUNT_CACHE_DIR", str(tmp_path))
-    key = f"{devices.cpu_model()}|threads=2|"
+    key = f"{cpu_probe.cpu_model()}|threads=2|"
     (tmp_path / "cpu_peaks.json").write_text(json.dumps({key + "float32": 7e10, key + "bandwidth": 3e9}))
-    monkeypatch.setattr(devices, "probe_matmul", lambda dtype: pytest.fail("the cached figure is used"))
-    spec = devices.cpu_spec(threads=2)
+    monkeypatch.setattr(cpu_probe, "probe_matmul", lambda dtype: pytest.fail("the cached figure is used"))
+    spec = cpu_probe.cpu_spec(threads=2)
     assert spec.peak("fp32") == 7e10 and "unrecorded time" in spec.source
 
 
@@ -259,10 +261,10 @@ def test_peaks_probe_cpu_measures_again_and_the_table_says_when(tmp_path, monkey
 
     monkeypatch.setenv("FLOPCOUNT_CACHE_DIR", str(tmp_path))
     readings = iter([3e10, 9e10])
-    monkeypatch.setattr(devices, "probe_matmul", lambda dtype: next(readings))
-    monkeypatch.setattr(devices, "probe_bandwidth", lambda: 1e9)
-    monkeypatch.setattr(devices, "machine_load", lambda: 0.0)
-    devices.cpu_spec()
+    monkeypatch.setattr(cpu_probe, "probe_matmul", lambda dtype: next(readings))
+    monkeypatch.setattr(cpu_probe, "probe_bandwidth", lambda: 1e9)
+    monkeypatch.setattr(cpu_probe, "machine_load", lambda: 0.0)
+    cpu_probe.cpu_spec()
     assert main(["peaks", "--probe-cpu"]) == 0
     out, err = capsys.readouterr()
     assert "measuring this CPU" in err and "9e+10 FLOP/s" in err

@@ -73,7 +73,7 @@ def test_a_named_pipe_given_as_the_kineto_capture_is_refused_before_recording(tm
 def test_the_one_writer_refuses_anything_but_a_file_or_a_new_path(tmp_path):
     from flopcount.errors import OutputError
     from flopcount.outputs import check_output
-    from flopcount.report import atomic_write
+    from flopcount.outputs import atomic_write
 
     # a character device: the decision reads its stat and never opens it
     with pytest.raises(OutputError, match="is a character device"):
@@ -255,10 +255,10 @@ def test_ctrl_c_while_torch_imports_is_one_line(tmp_path):
         "import sys\n"
         "class Interrupt:\n"
         "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name == 'pandas':\n"
+        "        if name == 'torch':\n"
         "            raise KeyboardInterrupt\n"
         "sys.meta_path.insert(0, Interrupt())\n"
-        "sys.argv = ['/usr/bin/flopcount', 'peaks']\n"
+        "sys.argv = ['/usr/bin/flopcount', 'count', 'resnet18']\n"
         "from flopcount.cli import main\n"
         "sys.exit(main())\n")
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))

@@ -11,7 +11,8 @@ import torch
 import flopcount
 from flopcount import infer
 from flopcount.cli.main import main
-from flopcount.devices import DeviceSpec, get_device
+from flopcount.datasheet import get_device
+from flopcount.device_spec import DeviceSpec
 from flopcount.models import load_model
 
 pytest.importorskip("transformers")

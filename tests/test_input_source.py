@@ -10,7 +10,8 @@ import torch
 
 import flopcount
 from flopcount.cli import main
-from flopcount.models import build, input_source
+from flopcount.inputs import input_source
+from flopcount.models import build
 
 CNN_FILE = """
 import torch

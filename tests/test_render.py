@@ -13,7 +13,7 @@ import torch
 import torchvision
 
 import flopcount
-from flopcount import devices
+from flopcount import cpu_probe
 from flopcount.cli import main
 from flopcount.cli import render as R
 from flopcount.report import OWN
@@ -40,8 +40,8 @@ def mlp(tmp_path):
 def fake_cpu_probe(tmp_path, monkeypatch):
     """No real CPU probe: utilization holds the step against a 'measured' 2 GFLOP/s and 10 GB/s."""
     monkeypatch.setenv("FLOPCOUNT_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(devices, "probe_matmul", lambda dtype: 2e9)
-    monkeypatch.setattr(devices, "probe_bandwidth", lambda: 1e10)
+    monkeypatch.setattr(cpu_probe, "probe_matmul", lambda dtype: 2e9)
+    monkeypatch.setattr(cpu_probe, "probe_bandwidth", lambda: 1e10)
 
 
 def assert_fits(text: str, width: int):
@@ -242,12 +242,12 @@ def test_cli_depth_1_lists_the_children_with_their_parameters(resnet50, capsys, 
 
 
 def test_tree_top_keeps_the_largest_leaves_and_sums_the_rest(capsys, monkeypatch):
-    from flopcount.cli.count import _tree_top
+    from flopcount.cli.count import tree_top
 
     report = flopcount.count(torchvision.models.resnet18(), torch.randn(1, 3, 224, 224))
     tree = report.by("module", depth=3)
     cols = ["forward", "backward", "total", "bytes", "calls", "params"]
-    top = _tree_top(tree, 4, cols)
+    top = tree_top(tree, 4, cols)
     depths = list(top["depth"])
     leaves = [i for i in range(len(top) - 1) if depths[i + 1] <= depths[i] or math.isnan(depths[i + 1])]
     assert len(leaves) == 4 and top.index[-1].strip() == R.OTHER
@@ -358,11 +358,11 @@ def test_study_summary_fits(tmp_path):
 
 
 def test_mismatch_table_keeps_exact_counts():
-    from flopcount.cli.count import _mismatch_table
+    from flopcount.cli.count import mismatch_table
 
     frame = pd.DataFrame([dict(module="m", op="aten.x", phase="forward", flops_1=1_000_000_001,
                                flops_n=8_000_000_000, expected=8_000_000_008, ratio=7.99999)])
-    text = _mismatch_table(frame)
+    text = mismatch_table(frame)
     assert "8,000,000,000" in text and "8,000,000,008" in text
 
 

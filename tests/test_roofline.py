@@ -4,12 +4,13 @@ import math
 import pytest
 import torch
 
-from flopcount.devices import DeviceSpec, get_device, list_devices
+from flopcount.datasheet import get_device, list_devices
+from flopcount.device_spec import DeviceSpec
 from flopcount.report import FlopReport
 from flopcount.roofline import (
     COMPUTE, MEMORY, RooflineError, analyze, classify, intensity, ridge_point, roofline_time,
 )
-from flopcount.devices import op_precision
+from flopcount.peak_policy import op_precision
 
 # A made-up device with round numbers: 100 TFLOP/s fp16, 10 TFLOP/s fp32, 1 TB/s.
 TOY = DeviceSpec(name="toy", peaks={"fp32": 10e12, "fp16": 100e12}, bandwidth=1e12, source="test")

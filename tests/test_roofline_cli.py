@@ -88,12 +88,12 @@ def test_overhead_runs_the_ladder(mlp, capsys):
 def test_roofline_takes_this_cpu_by_default_and_a_sequence_length(tmp_path, monkeypatch, capsys):
     import json
 
-    from flopcount import devices
+    from flopcount import cpu_probe
     from flopcount.cli import main
 
     monkeypatch.setenv("FLOPCOUNT_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(devices, "probe_matmul", lambda dtype: 1e11)
-    monkeypatch.setattr(devices, "probe_bandwidth", lambda: 1e10)
+    monkeypatch.setattr(cpu_probe, "probe_matmul", lambda dtype: 1e11)
+    monkeypatch.setattr(cpu_probe, "probe_bandwidth", lambda: 1e10)
     assert main(["roofline", "hf:tests/fixtures/hf/llama-gqa-tiny", "--seq-len", "8", "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["device"].startswith("cpu") and doc["peak_flops"] == 1e11 and doc["bandwidth"] == 1e10

@@ -4,8 +4,9 @@ import pytest
 import torch
 
 import flopcount
-from flopcount.devices import get_device
-from flopcount.models import example_inputs, load_model
+from flopcount.datasheet import get_device
+from flopcount.inputs import example_inputs
+from flopcount.models import load_model
 from flopcount.roofline import COMPUTE, MEMORY, analyze
 
 BATCH = 2

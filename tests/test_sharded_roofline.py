@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import flopcount
-from flopcount.devices import get_device
+from flopcount.datasheet import get_device
 from flopcount.roofline import RooflineError, analyze
 
 

@@ -4,7 +4,8 @@ convolutions and linear layers, 1:1 for ReLU and for the first layer. Every expe
 import pytest
 
 import flopcount
-from flopcount.models import example_inputs, load_model
+from flopcount.inputs import example_inputs
+from flopcount.models import load_model
 from flopcount.ratios import first_layer, layer_types, ratio_rows
 
 

@@ -10,7 +10,7 @@ import torch
 import torchvision
 
 import flopcount
-from flopcount import devices, roofline
+from flopcount import cpu_probe, datasheet, peak_policy, roofline
 from flopcount.models import load_model
 from flopcount.study import StudyConfig, TorchBackend, run_study
 from flopcount.timing import Measurement
@@ -27,8 +27,8 @@ GPU = "NVIDIA A100-SXM4-80GB"  # as CUDA reports it; the table's row is "A100 SX
 @pytest.fixture(autouse=True)
 def probed_cpu(tmp_path, monkeypatch):
     monkeypatch.setenv("FLOPCOUNT_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(devices, "probe_matmul", lambda dtype: CPU_PEAK)
-    monkeypatch.setattr(devices, "probe_bandwidth", lambda: CPU_BANDWIDTH)
+    monkeypatch.setattr(cpu_probe, "probe_matmul", lambda dtype: CPU_PEAK)
+    monkeypatch.setattr(cpu_probe, "probe_bandwidth", lambda: CPU_BANDWIDTH)
 
 
 def study(tmp_path, backend=None, **config):
@@ -114,7 +114,7 @@ def test_study_utilization_and_roofline_hold_a_step_against_one_peak(tmp_path, d
     model, _ = load_model(MODEL, num_classes=10)
     u = flopcount.utilization(model, 2, device="cpu", steps=1, warmup=0, input_shape=SHAPE, model_name=MODEL,
                               device_spec=device_spec)
-    spec = devices.get_device(device_spec) if device_spec else devices.cpu_spec()
+    spec = datasheet.get_device(device_spec) if device_spec else cpu_probe.cpu_spec()
     roof = roofline.from_spec(MODEL, spec, batch=2, input_shape=SHAPE, num_classes=10)
     expected = CPU_PEAK if device_spec is None else 19.5e12  # the fp32 column: nothing runs as TF32 on a CPU
     assert row.peak_flops == u.peak_flops == roof.peak_flops == expected
@@ -136,14 +136,14 @@ def test_on_a_gpu_the_study_holds_the_step_against_its_precision_mix(tmp_path, m
     # the settings are given through flopcount's one reader of them, not written into torch's backend objects:
     # those differ between releases (one release's cuBLAS settings cannot give back the flag a test set, and the
     # test then errors in teardown)
-    monkeypatch.setattr(devices, "tf32_allowed", lambda: {"matmul": False, "attention": False, "conv": True})
+    monkeypatch.setattr(peak_policy, "tf32_allowed", lambda: {"matmul": False, "attention": False, "conv": True})
     cfg = StudyConfig(models=(MODEL,), batch_sizes=(2,), estimators=(), methods=("batch",), image_shape=SHAPE,
                       device="cuda", images=2)
     res = run_study(cfg, str(tmp_path / "run"), backend=GivenTime(cfg), progress=False, figures=False,
                     log=lambda m: None)
     row = by_key(res)[(2, "batch")]
     assert res.meta["device"] == f"cuda:{GPU}"
-    roof = roofline.from_spec(MODEL, "A100 SXM 80GB", batch=2, tf32=devices.tf32_allowed(), input_shape=SHAPE,
+    roof = roofline.from_spec(MODEL, "A100 SXM 80GB", batch=2, tf32=peak_policy.tf32_allowed(), input_shape=SHAPE,
                               num_classes=10)
     assert row.peak_flops == pytest.approx(roof.peak_flops, rel=1e-12)
     # by hand: FLOPs of the conv family at 156e12, of the matmul family at 19.5e12

@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from flopcount.errors import FlopcountError
+from flopcount.errors import FlopcountError, oom_as_error
 from flopcount.step import make_train_step
-from flopcount.timing import (Measurement, OutOfMemory, TimingError, oom_as_error, time_epoch,
+from flopcount.timing import (Measurement, OutOfMemory, TimingError, time_epoch,
                               time_step)
 
 

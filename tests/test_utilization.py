@@ -6,12 +6,11 @@ import textwrap
 import pytest
 import torch
 
-from flopcount import cli, devices
-from flopcount.devices import UnknownDevice
+from flopcount import cli, cpu_probe
+from flopcount.errors import FlopcountError, UnknownDevice, UnknownPeak
+from flopcount.peak_policy import precision_mix, resolve_peak
 from flopcount.report import FlopReport
 from flopcount.timing import OutOfMemory
-from flopcount.devices import precision_mix, resolve_peak
-from flopcount.errors import FlopcountError
 from flopcount.utilization import utilization
 
 N, IN, OUT = 4, 16, 8
@@ -37,15 +36,15 @@ def fake_clock(seconds_per_step):
     return lambda: seconds_per_step * next(ticks)
 
 
-REAL_PROBES = (devices.probe_matmul, devices.probe_bandwidth)
+REAL_PROBES = (cpu_probe.probe_matmul, cpu_probe.probe_bandwidth)
 
 
 @pytest.fixture(autouse=True)
 def fake_cpu_probe(tmp_path, monkeypatch):
     """No real probe in these tests: a CPU 'measured' at 2 GFLOP/s and 10 GB/s, cached in a temp folder."""
     monkeypatch.setenv("FLOPCOUNT_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(devices, "probe_matmul", lambda dtype: 2e9)
-    monkeypatch.setattr(devices, "probe_bandwidth", lambda: 1e10)
+    monkeypatch.setattr(cpu_probe, "probe_matmul", lambda dtype: 2e9)
+    monkeypatch.setattr(cpu_probe, "probe_bandwidth", lambda: 1e10)
 
 
 def test_flops_and_utilization_by_hand():
@@ -126,7 +125,7 @@ def test_known_gpu_by_reported_name(monkeypatch):
 
 
 def test_missing_precision_on_the_device_is_an_error():
-    with pytest.raises(devices.UnknownPeak):
+    with pytest.raises(UnknownPeak):
         utilization(tiny(), torch.randn(N, IN), loss_fn=sum_loss, dtype="bfloat16", device_spec="P100 PCIe",
                     clock=fake_clock(0.01))
 
@@ -251,8 +250,8 @@ def test_cli_peaks(capsys):
 @pytest.mark.slow
 def test_cli_resnet18_real(capsys, monkeypatch):
     # the real probes (in the test's own cache folder): a real step is held against a real peak
-    monkeypatch.setattr(devices, "probe_matmul", REAL_PROBES[0])
-    monkeypatch.setattr(devices, "probe_bandwidth", REAL_PROBES[1])
+    monkeypatch.setattr(cpu_probe, "probe_matmul", REAL_PROBES[0])
+    monkeypatch.setattr(cpu_probe, "probe_bandwidth", REAL_PROBES[1])
     rc = cli.main(["utilization", "resnet18", "--batch", "2", "--steps", "2", "--warmup", "1", "--format", "json"])
     assert rc == 0
     doc = json.loads(capsys.readouterr().out)
@@ -261,9 +260,9 @@ def test_cli_resnet18_real(capsys, monkeypatch):
 
 def test_a_step_faster_than_the_cached_cpu_peak_remeasures_it(monkeypatch):
     readings = iter([1e3, 1e12])  # the first probe ran on a busy machine
-    monkeypatch.setattr(devices, "probe_matmul", lambda dtype: next(readings))
+    monkeypatch.setattr(cpu_probe, "probe_matmul", lambda dtype: next(readings))
     u = utilization(tiny(), torch.randn(N, IN), loss_fn=sum_loss, clock=fake_clock(0.5))
     # 2336 FLOPs in 0.5 s = 4672 FLOP/s beats 1e3: measured again, and the best reading kept
     assert u.peak_flops == 1e12
     assert any("measured again" in n for n in u.notes)
-    assert devices.cpu_spec().peak("fp32") == 1e12  # the cache holds the best figure
+    assert cpu_probe.cpu_spec().peak("fp32") == 1e12  # the cache holds the best figure

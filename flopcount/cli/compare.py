@@ -20,7 +20,8 @@ def run(args) -> int:
     from ..compare import compare, to_json
     from ..errors import model_errors
     from ..estimators.base import resolve_names
-    from ..models import build, input_source
+    from ..inputs import input_source
+    from ..models import build
 
     names = resolve_names(args.estimators)  # an unknown name fails here, before the model is built
     # the peers run the model for real: real weights, seeded random inputs

@@ -40,7 +40,8 @@ def add(sub) -> None:
 def run(args) -> int:
     from .. import count, eval_mode_note, get_estimator
     from ..errors import FlopcountError, model_errors
-    from ..models import build, input_source
+    from ..inputs import input_source
+    from ..models import build
     from ..models_hf import is_hf
     from ..progress import counting
     from ..scaling import check_scaling
@@ -101,7 +102,7 @@ def run(args) -> int:
             print(f"scaling: every op at batch {args.batch} is exactly {args.batch} x batch 1", file=sys.stderr)
         else:
             warn(f"{len(mismatches)} op(s) do not scale exactly with the batch:")
-            print(_mismatch_table(mismatches), file=sys.stderr)
+            print(mismatch_table(mismatches), file=sys.stderr)
             return EXIT_CHECK_FAILED
     return EXIT_OK
 
@@ -130,7 +131,7 @@ def count_table(report, by: str, *, depth=None, top=None, width=None, color=None
     values = phases + ["total", "bytes", "calls"]
     if by == "module" and depth is not None:
         tree = report.by("module", depth=depth, collapse=collapse)
-        g = _tree_top(tree, top, values + ["params"])
+        g = tree_top(tree, top, values + ["params"])
         runs, types = tree.attrs["runs"], tree.attrs["types"]
         label = [_tree_label(m, d, report.model) + (f" (x{runs[m]})" if m in runs else "")
                  for m, d in zip(g.index, g["depth"])]
@@ -156,7 +157,7 @@ def count_table(report, by: str, *, depth=None, top=None, width=None, color=None
     return R.table(g, cols, title=title, total=total, notes=notes, width=width, color=color)
 
 
-def _mismatch_table(mismatches) -> str:
+def mismatch_table(mismatches) -> str:
     from . import render as R
 
     # exact counts: a mismatch of a few FLOPs would vanish in SI units
@@ -187,7 +188,7 @@ def _tied_module(param: str) -> str:
     return param.rpartition(".")[0]
 
 
-def _tree_top(tree, n, sums):
+def tree_top(tree, n, sums):
     """The ``n`` largest leaves of the tree (rows shown without their children) with every row above them; the
     other leaves summed into one "other" row, so that the leaves shown and "other" add up to the root."""
     import pandas as pd

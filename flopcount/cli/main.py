@@ -1,7 +1,9 @@
 """The ``flopcount`` command: parsing and printing only; each command's work is one library call.
 
-Every command is a module of this package with ``add(subparsers)``, which declares its arguments, and
-``run(args) -> int``, which calls the library and prints. Exit codes, the same for every command:
+Every command lives in a module of this package (several small ones share a module: ``COMMANDS``) with
+``add(subparsers)``, which declares its arguments, and ``run(args) -> int``, which calls the library and prints.
+A module loads torch and pandas only inside ``run``: building the parser (``--help``) must stay quick.
+Exit codes, the same for every command:
 
 ====  =====================================================================================================
 0     ok

@@ -218,15 +218,12 @@ def top(frame, n: Optional[int], by: str, sums: Sequence[str], label: str = OTHE
 def table(frame, cols: Sequence[Col], *, title: Iterable[str] = (), total: Optional[dict] = None,
           notes: Iterable[str] = (), width: Optional[int] = None, color: Optional[bool] = None,
           header: bool = True) -> str:
-    """The text of a table: title lines, the rows of ``frame`` in ``cols``, a ``total`` row (a dict by key;
-    the first column says "total"), then notes; every line at most ``width`` wide."""
+    """The text of a table: title lines, the rows of ``frame`` (a DataFrame, or a list of dicts by key) in
+    ``cols``, a ``total`` row (a dict by key; the first column says "total"), then notes; every line at most
+    ``width`` wide."""
     width = width or terminal_width()
     color = use_color() if color is None else color
-    f = frame.reset_index() if any(c.key not in frame.columns for c in cols) else frame
-    for c in cols:
-        if c.key not in f.columns:
-            raise KeyError(f"no column {c.key!r} to render")
-    rows = [[fmt(v, c.kind, c.unit) for c, v in zip(cols, vals)] for vals in zip(*(f[c.key] for c in cols))]
+    rows = [[fmt(v, c.kind, c.unit) for c, v in zip(cols, vals)] for vals in _columns(frame, cols)]
     if total is not None:
         total = dict(total)
         total.setdefault(cols[0].key, TOTAL)
@@ -239,6 +236,20 @@ def table(frame, cols: Sequence[Col], *, title: Iterable[str] = (), total: Optio
     out += _paint(lines, color and header, total is not None)
     out += [w for line in notes for w in wrap(line, width)]
     return "\n".join(out)
+
+
+def _columns(frame, cols: Sequence[Col]):
+    """The values of ``cols``, row by row, from a DataFrame (its index a column too) or from dicts."""
+    if isinstance(frame, list):
+        missing = [c.key for c in cols if frame and all(c.key not in r for r in frame)]
+        if missing:
+            raise KeyError(f"no column {missing[0]!r} to render")
+        return [[r.get(c.key) for c in cols] for r in frame]
+    f = frame.reset_index() if any(c.key not in frame.columns for c in cols) else frame
+    for c in cols:
+        if c.key not in f.columns:
+            raise KeyError(f"no column {c.key!r} to render")
+    return zip(*(f[c.key] for c in cols))
 
 
 def show(frame, cols: Sequence[Col], **kw) -> None:

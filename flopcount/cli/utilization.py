@@ -1,13 +1,14 @@
 """``flopcount utilization MODEL`` (measured FLOP/s of a training step against the peak) and ``flopcount peaks``."""
 from __future__ import annotations
 
+import csv
 import os
 import sys
 from typing import List
 
 from ..errors import FlopcountError
 from .main import (EXIT_OK, add_format, add_model, add_parallel, natural_int, parallel_world, positive_float,
-                   positive_int, print_frame, print_json, records)
+                   positive_int, print_json)
 
 
 def add(sub) -> None:
@@ -97,24 +98,28 @@ def lines(u, width=None) -> List[str]:
 
 
 def _peaks(args) -> int:
-    from ..devices import cached_cpu_readings, list_devices
+    # plain rows, not a DataFrame: reading a CSV and printing it should not wait seconds for pandas to load
+    from ..cpu_probe import cached_cpu_readings
+    from ..datasheet import device_rows
 
     if args.probe_cpu:
         _probe_cpu()
-    table = list_devices()
+    rows = device_rows()
     if args.format == "json":
-        print_json(records(table.reset_index()))
+        print_json(rows)
     elif args.format == "csv":
-        print_frame(table, "csv")
+        writer = csv.DictWriter(sys.stdout, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
     else:
-        print(peaks_table(table, sources=args.sources, cpu=cached_cpu_readings()))
+        print(peaks_table(rows, sources=args.sources, cpu=cached_cpu_readings()))
     return EXIT_OK
 
 
 def _probe_cpu() -> None:
     """Measure this CPU again (the cache keeps the best reading) and say on stderr what was measured and how busy
     the machine was: a probe under load reads low."""
-    from ..devices import busy, cpu_spec, machine_load
+    from ..cpu_probe import busy, cpu_spec, machine_load
 
     load = machine_load()
     print("flopcount: measuring this CPU's fp32 peak and bandwidth (a few seconds)...", file=sys.stderr)
@@ -126,7 +131,7 @@ def _probe_cpu() -> None:
               f"{os.cpu_count()} cores): its reading may be low", file=sys.stderr)
 
 
-def peaks_table(table, sources: bool = False, width=None, color=None, cpu=()) -> str:
+def peaks_table(rows, sources: bool = False, width=None, color=None, cpu=()) -> str:
     from . import render as R
 
     precisions = [("fp64", 5), ("fp32", None), ("tf32", 4), ("fp16", 3), ("bf16", 2), ("fp16_nontensor", 1)]
@@ -141,4 +146,4 @@ def peaks_table(table, sources: bool = False, width=None, color=None, cpu=()) ->
              f"{'B/s' if r['what'] == 'bandwidth' else 'FLOP/s'}, {r['when']}" for r in cpu]
     notes += ["cpu: measured on first use and cached; `flopcount peaks --probe-cpu` measures it again"]
     notes += [] if sources else ["--sources adds where each figure comes from"]
-    return R.table(table, cols, title=title, notes=notes, width=width, color=color)
+    return R.table(rows, cols, title=title, notes=notes, width=width, color=color)

@@ -33,9 +33,10 @@ pool's bins): their formulas are registered with ``values=True`` and get the ten
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterable, Optional, Union
-
-import torch
+from .registry import (  # noqa: F401
+    FAMILY, FLOP_FORMULAS, MEMORY, VALUES, VIEW, ZERO_FLOP, Formula, NeedsValues, existing, first_shape, is_shape,
+    lookup, numel, op_family, register, register_zero, shape_of,
+)
 
 __all__ = [
     "FLOP_FORMULAS", "ZERO_FLOP", "VIEW", "MEMORY", "register", "register_zero",
@@ -43,92 +44,8 @@ __all__ = [
     "shape_of",
 ]
 
-Formula = Callable[..., Union[int, tuple]]
-
-# aten overload packet name ("aten.convolution") -> formula
-FLOP_FORMULAS: Dict[str, Formula] = {}
-# aten overload packet name -> VIEW (no bytes) or MEMORY (bytes moved, no arithmetic)
-ZERO_FLOP: Dict[str, str] = {}
-# aten overload packet name -> op family ("matmul", "conv", "attention", "norm", "pointwise", ...)
-FAMILY: Dict[str, str] = {}
-
-# ops whose work depends on tensor values (the boxes NMS keeps): their formula gets the tensors, not the sizes
-VALUES: set = set()
-
-VIEW = "view"
-MEMORY = "memory"
-
-
-class NeedsValues(Exception):
-    """A formula needs the values of a tensor it was given only the shape (or a meta tensor) of."""
-
-
-def register(*names: str, family: str, values: bool = False) -> Callable[[Formula], Formula]:
-    """Register ``fn`` as the formula for the given aten packet names (``"aten.mm"``).
-
-    ``values=True``: the op's work depends on the values of its tensors, and ``fn`` is called with the tensors
-    themselves; it raises ``NeedsValues`` when they have none (meta tensors, or sizes from a profile)."""
-
-    def deco(fn: Formula) -> Formula:
-        for name in names:
-            FLOP_FORMULAS[name] = fn
-            FAMILY[name] = family
-            if values:
-                VALUES.add(name)
-            else:
-                VALUES.discard(name)
-        return fn
-
-    return deco
-
-
-def register_zero(kind: str, names: Iterable[str], family: str = "memory") -> None:
-    if kind not in (VIEW, MEMORY):
-        raise ValueError(f"zero-FLOP kind must be {VIEW!r} or {MEMORY!r}, not {kind!r}")
-    for name in names:
-        ZERO_FLOP[name] = kind
-        FAMILY.setdefault(name, family)
-
-
-def lookup(name: str) -> Optional[Formula]:
-    return FLOP_FORMULAS.get(name)
-
-
-def op_family(name: str) -> str:
-    return FAMILY.get(name, "other")
-
-
-def numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
-
-
-def is_shape(x) -> bool:
-    """Whether a formula argument stood for a tensor (tensors reach formulas as ``torch.Size``)."""
-    return isinstance(x, torch.Size)
-
-
-def shape_of(x):
-    """The size of a formula argument that is a tensor, or a size already (the ``values=True`` formulas get both)."""
-    return x.shape if isinstance(x, torch.Tensor) else x
-
-
-def first_shape(shape):
-    """The size of an op's first output (``out_shape`` is a tuple of sizes when the op returns several)."""
-    if isinstance(shape, (tuple, list)) and not isinstance(shape, torch.Size):
-        return first_shape(shape[0]) if shape else None
-    return shape
-
-
-def existing(*names: str) -> list:
-    """``aten.<name>`` for those of ``names`` that are ops in this torch build (backend ops come and go)."""
-    return [f"aten.{n}" for n in names if hasattr(torch.ops.aten, n)]
-
-
 # The families register themselves on import; keep this list in step with the modules of this package.
-from . import (  # noqa: E402,F401
+from . import (  # noqa: F401
     matmul, conv, attention, norm, pooling, pointwise, reduction, memory, rnn, interpolate, selection, detection,
     recurrent, distance, collective,
 )

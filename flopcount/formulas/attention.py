@@ -40,7 +40,7 @@ from shapes alone and are refused (the op is then reported as uncounted, never a
 """
 from __future__ import annotations
 
-from . import is_shape, register
+from .registry import is_shape, register
 from .reduction import SOFTMAX
 
 BACKWARD_SOFTMAX = 5  # recompute P (3) + dS (2)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from . import NeedsValues, numel, register, shape_of
+from .registry import NeedsValues, numel, register, shape_of
 
 SAMPLE_POSITION = 20
 SAMPLE = 8

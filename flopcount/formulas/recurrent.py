@@ -30,7 +30,7 @@ writes it out; the oneDNN kernel keeps the forward's gates and does not recomput
 """
 from __future__ import annotations
 
-from . import numel, register
+from .registry import numel, register
 
 LSTM = 2  # the mode number PyTorch passes for an LSTM (ideep's rnn_kind)
 FORWARD_GATES = 18

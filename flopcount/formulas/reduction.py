@@ -34,7 +34,7 @@ backwards 4 (+1 mean).
 """
 from __future__ import annotations
 
-from . import first_shape, is_shape, numel, register
+from .registry import first_shape, is_shape, numel, register
 from .pointwise import foreach_numel
 
 NONE, MEAN, SUM = 0, 1, 2  # torch's Reduction enum, as the loss ops receive it

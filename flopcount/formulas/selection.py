@@ -26,7 +26,7 @@ import math
 
 import torch
 
-from . import NeedsValues, existing, numel, register, shape_of
+from .registry import NeedsValues, existing, numel, register, shape_of
 
 IOU_PAIR = 13  # max x2, min x2, subtract x2, clamp x2, multiply, add x2, divide, compare
 BOX_AREA = 3

@@ -29,7 +29,7 @@ shares, the rows gathered: by that rule, from the model), ``kv_read`` and ``kv_w
 ``other`` (the rest).
 
 On a device spec (``Generation.on(spec)``, ``device.py``), per phase: the roofline time (the sum over ops of the
-slower of FLOPs / peak and bytes / bandwidth, each op at the peak ``devices.op_precision`` gives it, as ``flopcount
+slower of FLOPs / peak and bytes / bandwidth, each op at the peak ``peak_policy.op_precision`` gives it, as ``flopcount
 roofline`` takes it), per token, the predicted tokens per second, time to first token (the prefill's), which bound
 holds (the phase's intensity against the ridge point of its peak), and, from measured tokens per second (or a
 measured time to first token), MFU (achieved FLOP/s over the peak of the phase's precision mix) and MBU (achieved
@@ -43,9 +43,11 @@ counted (no step is extrapolated from another).
 """
 from __future__ import annotations
 
+from ..errors import GenerationError
 from .device import PhaseRoofline, Prediction, predict
-from .generation import (FORWARD, KV_CACHE, KV_WRITE, LOGITS, PHASES, STEP_COLUMNS, Generation, GenerationError,
-                         forward_cost, generate_cost, is_causal_lm, weight_bytes)
+from .generation import (KV_CACHE, KV_WRITE, LOGITS, STEP_COLUMNS, Generation, forward_cost, generate_cost, is_causal_lm,
+                         weight_bytes)
+from .phases import FORWARD, PHASES
 from .measured import Measured, measured_rates, time_forward, time_generation
 from .spec import Inference, from_spec
 

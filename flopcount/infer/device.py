@@ -1,19 +1,18 @@
 """A generation on a device: each phase's roofline time (per op, the slower of FLOPs / peak and bytes /
-bandwidth, each op at the peak ``devices.op_precision`` gives it, as ``flopcount roofline`` takes it), tokens per
+bandwidth, each op at the peak ``peak_policy.op_precision`` gives it, as ``flopcount roofline`` takes it), tokens per
 second, time to first token, the bound, and MFU and MBU from measured rates."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import pandas as pd
 
-from .. import devices
-from .phases import FORWARD, GenerationError
-
-if TYPE_CHECKING:  # a generation is counted, then predicted: the counting imports this module
-    from .generation import Generation
+from .. import peak_policy
+from ..device_spec import DeviceSpec
+from ..errors import GenerationError, UnknownPeak
+from .phases import FORWARD
 
 @dataclass
 class PhaseRoofline:
@@ -97,9 +96,9 @@ class Prediction:
                 "phases": {k: v.to_dict() for k, v in self.phases.items()}, "notes": list(self.notes)}
 
 
-def predict(gen: "Generation", spec: devices.DeviceSpec, *, measured_tokens_per_s: Optional[float] = None,
+def predict(gen, spec: DeviceSpec, *, measured_tokens_per_s: Optional[float] = None,
             measured_ttft: Optional[float] = None, tf32: bool = False) -> Prediction:
-    """Each phase of ``gen`` on ``spec`` (see ``Generation.on``). ``measured_tokens_per_s``: decode tokens per
+    """Each phase of ``gen`` (a ``Generation``) on ``spec`` (see ``Generation.on``). ``measured_tokens_per_s``: decode tokens per
     second over all sequences (batch / seconds per decode step; a single forward: its tokens, or samples, per
     second); ``measured_ttft``: seconds of the prefill."""
     if not spec.bandwidth:
@@ -113,8 +112,8 @@ def predict(gen: "Generation", spec: devices.DeviceSpec, *, measured_tokens_per_
     for name in gen.traffic.phases:
         rows = frame[frame["phase"] == name]
         seconds, memory_seconds = _roofline(rows, spec, tf32)
-        mix = devices.precision_mix(rows, tf32=tf32, spec=spec)
-        peak = devices.effective_peak(mix, spec) if mix else spec.peak("fp32")
+        mix = peak_policy.precision_mix(rows, tf32=tf32, spec=spec)
+        peak = peak_policy.effective_peak(mix, spec) if mix else spec.peak("fp32")
         totals = gen.phase(name)
         measured = None
         if name in ("decode", FORWARD) and measured_tokens_per_s is not None:
@@ -137,9 +136,9 @@ def predict(gen: "Generation", spec: devices.DeviceSpec, *, measured_tokens_per_
     return Prediction(device=spec.name, source=spec.source, phases=out, notes=notes)
 
 
-def _roofline(rows: pd.DataFrame, spec: devices.DeviceSpec, tf32) -> tuple:
+def _roofline(rows: pd.DataFrame, spec: DeviceSpec, tf32) -> tuple:
     """(seconds, of which in memory-bound ops) of ops on ``spec``: per op the slower of FLOPs / peak (the peak its
-    family and dtype run at, ``devices.op_precision``) and bytes / bandwidth, summed; an op whose bytes take longer
+    family and dtype run at, ``peak_policy.op_precision``) and bytes / bandwidth, summed; an op whose bytes take longer
     than its FLOPs is memory-bound."""
     bandwidth = float(spec.bandwidth)
     total = memory = 0.0
@@ -148,8 +147,8 @@ def _roofline(rows: pd.DataFrame, spec: devices.DeviceSpec, tf32) -> tuple:
         t_compute = 0.0
         if flops:
             try:
-                t_compute = flops / spec.peak(devices.op_precision(dtype, fam, tf32=tf32, spec=spec))
-            except devices.UnknownPeak as exc:
+                t_compute = flops / spec.peak(peak_policy.op_precision(dtype, fam, tf32=tf32, spec=spec))
+            except UnknownPeak as exc:
                 raise GenerationError(f"{spec.name}: no peak for {dtype} {fam} work ({exc})") from None
         total += max(t_compute, t_memory)
         if t_memory > t_compute:

@@ -12,15 +12,24 @@ from typing import Callable, Dict, Iterable, List, Optional
 import pandas as pd
 import torch
 
-from .. import devices, models_hf
+from .. import datasheet, models_hf
+from ..device_spec import DeviceSpec
 from ..dtypes import dtype_name
-from ..errors import model_errors
+from ..errors import GenerationError, model_errors
 from ..estimators import fallback
 from ..estimators.dispatch import count_step, counting, owned_params, rows_of
+from ..model_calls import preserved
 from ..report import FlopReport
-from ..step import batch_size_of, preserved, tokens_of
+from ..step import batch_size_of, tokens_of
 from .device import Prediction, predict
-from .phases import FORWARD, KV_CACHE, KV_WRITE, LOGITS, PHASES, STEP_COLUMNS, GenerationError
+from .phases import FORWARD, PHASES
+
+LOGITS = ("last", "all")  # which positions' logits the prefill computes
+KV_CACHE = "(kv cache)"  # the pseudo-module of the ops a cache runs to store new entries, under its attention module
+KV_WRITE = "kv cache write"  # the op of the traffic's rows that stands for them: the new entries, written once
+STEP_COLUMNS = ["phase", "step", "context", "tokens", "flops", "bytes", "op_bytes", "weights", "kv_read",
+                "kv_written", "other"]
+
 
 @dataclass
 class Generation:
@@ -70,10 +79,10 @@ class Generation:
         return pd.DataFrame([self.phase(p) for p in self.phase_names]).set_index("phase")
 
     def on(self, spec, *, measured_tokens_per_s: Optional[float] = None,
-           measured_ttft: Optional[float] = None, tf32: bool = False) -> "Prediction":
+           measured_ttft: Optional[float] = None, tf32: bool = False) -> Prediction:
         """The roofline of each phase on a device (a ``DeviceSpec`` or a name from ``flopcount peaks``), and, from
         measured decode tokens per second and time to first token, MFU and MBU."""
-        spec = spec if isinstance(spec, devices.DeviceSpec) else devices.get_device(spec)
+        spec = spec if isinstance(spec, DeviceSpec) else datasheet.get_device(spec)
         return predict(self, spec, measured_tokens_per_s=measured_tokens_per_s, measured_ttft=measured_ttft,
                        tf32=tf32)
 

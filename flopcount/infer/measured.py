@@ -9,9 +9,11 @@ from typing import Callable, Optional
 import torch
 
 from .. import models_hf
-from ..step import call_model
+from ..model_calls import call_model
 from ..timing import Measurement, measure
-from .generation import FORWARD, Feed, Generation, GenerationError, greedy, new_cache
+from ..errors import GenerationError
+from .generation import Feed, Generation, greedy, new_cache
+from .phases import FORWARD
 
 @dataclass
 class Measured:

@@ -8,11 +8,12 @@ from typing import Callable, Optional
 
 import torch
 
-from .. import devices, models_hf
+from .. import cpu_probe, datasheet, models_hf
+from ..device_spec import DeviceSpec
 from ..dtypes import parse_dtype
-from ..errors import model_errors
+from ..errors import GenerationError, model_errors
 from .device import Prediction
-from .generation import Generation, GenerationError, forward_cost, generate_cost, is_causal_lm
+from .generation import Generation, forward_cost, generate_cost, is_causal_lm
 from .measured import Measured, measured_rates, time_forward, time_generation
 
 @dataclass
@@ -47,8 +48,8 @@ def from_spec(model_spec: str, *, prompt_len: Optional[int] = None, new_tokens: 
     if it takes some). On a device spec (a name or DeviceSpec) its roofline, with MFU and MBU from measured rates.
     ``device="cpu"``: the model built with random weights, counted (on meta, with the CPU's kernels) and timed on
     this CPU ``runs`` times, and held against this CPU's measured peak and bandwidth."""
-    from ..models import example_inputs, load_model
-    from ..step import random_on
+    from ..inputs import example_inputs, random_on
+    from ..models import load_model
 
     if device not in ("meta", "cpu"):
         raise GenerationError(f"a generation is measured on the CPU (--device cpu), not on {device!r}; for a GPU, "
@@ -60,7 +61,7 @@ def from_spec(model_spec: str, *, prompt_len: Optional[int] = None, new_tokens: 
         raise GenerationError("measured rates are held against a device's peak and bandwidth: give --device-spec")
     spec = None
     if device_spec is not None:
-        spec = device_spec if isinstance(device_spec, devices.DeviceSpec) else devices.get_device(device_spec)
+        spec = device_spec if isinstance(device_spec, DeviceSpec) else datasheet.get_device(device_spec)
     kernels = as_device or (spec.kernels if spec is not None else "cpu")
     dtype = parse_dtype(dtype)
     model, name = load_model(model_spec, device=device, train=False)
@@ -95,7 +96,7 @@ def from_spec(model_spec: str, *, prompt_len: Optional[int] = None, new_tokens: 
         return Inference(gen, prediction)
     with model_errors(name):
         measured = timed()
-    cpu = devices.cpu_spec(sorted({"float32", gen.dtype}))
+    cpu = cpu_probe.cpu_spec(sorted({"float32", gen.dtype}))
     tps, ttft = measured_rates(gen, measured)
     return Inference(gen, gen.on(cpu, measured_tokens_per_s=tps, measured_ttft=ttft), measured)
 

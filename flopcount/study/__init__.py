@@ -10,7 +10,8 @@ from .backend import TorchBackend
 from .config import NVTX_METHODS, QUICK, TIME_METHODS, StudyConfig, StudyError, study_config
 from .data import GeneratedImages, make_dataset
 from .grid import Task, plan, run_study
-from .report import PUBLISHED, render_report, tables, write_figures
+from .published import PUBLISHED
+from .report import render_report, tables, write_figures
 from .store import COLUMNS, KEY, ResultsFile, StudyResult
 
 __all__ = [

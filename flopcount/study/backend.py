@@ -14,7 +14,7 @@ from .config import NVTX_METHODS, StudyConfig
 
 class TorchBackend:
     """The dispatch counter and the peer estimators, the step and epoch timers from ``flopcount.timing`` over the
-    step of ``flopcount.step``, and the peak of ``devices.resolve_peak``."""
+    step of ``flopcount.step``, and the peak of ``peak_policy.resolve_peak``."""
 
     def __init__(self, config: StudyConfig):
         import torch
@@ -116,12 +116,12 @@ class TorchBackend:
             from ..models import load_model
 
             self._real = (None, None)
-            _free(self.device)
+            free_memory(self.device)
             self._real = (name, load_model(name, num_classes=self.config.num_classes, device=self.device)[0])
         return self._real[1]
 
     def _batch(self, model, name: str, batch: int):
-        from ..step import make_inputs
+        from ..inputs import make_inputs
 
         return make_inputs(model, batch, name=name, device=self.device, input_shape=self.config.image_shape)
 
@@ -150,26 +150,26 @@ class TorchBackend:
 
     # the peak
     def peak(self, mix: Mapping[str, float], refresh: bool = False) -> Tuple[float, str]:
-        """(FLOP/s, source) a step of this precision mix is held against: ``devices.resolve_peak``, the rule of
+        """(FLOP/s, source) a step of this precision mix is held against: ``peak_policy.resolve_peak``, the rule of
         ``flopcount.utilization`` and the roofline. ``refresh`` measures a CPU peak again (the cache keeps the
         best): a step that beat it means the probe ran on a busier machine."""
-        from .. import devices
+        from .. import cpu_probe, peak_policy
 
         def resolve():
-            return devices.resolve_peak(mix, device=self.device, peak=self.config.peak,
+            return peak_policy.resolve_peak(mix, device=self.device, peak=self.config.peak,
                                         device_spec=self.config.device_spec)
 
         value, source, spec = resolve()
         if refresh and spec is not None and spec.measured:
-            devices.cpu_spec(devices.mix_dtypes(mix), refresh=True)
+            cpu_probe.cpu_spec(peak_policy.mix_dtypes(mix), refresh=True)
             value, source, spec = resolve()
         return float(value), source
 
     def tf32(self):
         """What TF32 the step runs with (per op family); None off CUDA, where there is none."""
-        from .. import devices
+        from .. import peak_policy
 
-        return devices.tf32_allowed() if self.device.startswith("cuda") else None
+        return peak_policy.tf32_allowed() if self.device.startswith("cuda") else None
 
     def roofline(self, models: Sequence[str], spec_name: str, batch: int) -> dict:
         """model -> ``roofline.Roofline`` of its training step on the device ``spec_name``, from counting alone."""
@@ -180,10 +180,11 @@ class TorchBackend:
 
     def close(self, name: Optional[str] = None) -> None:
         self._real = self._peer = (None, None)
-        _free(self.device)
+        free_memory(self.device)
 
 
-def _free(device: str) -> None:
+def free_memory(device: str) -> None:
+    """Let go of what the last row left behind (Python's garbage, the device's cached blocks) before the next."""
     import gc
 
     gc.collect()

@@ -11,6 +11,8 @@ from ..models import STUDY_MODELS
 TIME_METHODS = ("theory", "one", "batch", "epoch")
 # The NVTX estimator (GPU and nsys only): FLOPs from an emit_nvtx profile, de-duplicated and as the study counted
 NVTX_METHODS = ("nvtx", "nvtx-naive")
+# The roofline the report draws: these models' training steps on this device at this batch
+ROOFLINE_MODELS, ROOFLINE_SPEC, ROOFLINE_BATCH = ("mobilenet_v2", "resnet50"), "P100 PCIe", 64
 
 
 class StudyError(FlopcountError):
@@ -28,7 +30,7 @@ class StudyConfig:
     images: int = 10_000
     data_root: Optional[str] = None
     device: Optional[str] = None  # None: cuda if there is one, else cpu
-    # The peak each step is held against follows devices.resolve_peak: `peak` (FLOP/s) over `device_spec` (a name
+    # The peak each step is held against follows peak_policy.resolve_peak: `peak` (FLOP/s) over `device_spec` (a name
     # from `flopcount peaks`) over the device's own (the GPU's datasheet row, or this CPU measured).
     peak: Optional[float] = None
     device_spec: Optional[str] = None
@@ -65,7 +67,7 @@ class StudyConfig:
                 peak = math.nan
             if not (math.isfinite(peak) and peak > 0):
                 raise StudyError(f"peak must be a positive number of FLOP/s (like 9.3e12), not {self.peak!r}")
-            from ..devices import MIN_PEAK
+            from ..peak_policy import MIN_PEAK
 
             if peak < MIN_PEAK:
                 raise StudyError(f"peak {peak:g} FLOP/s is below any device that runs PyTorch (at least "

@@ -9,8 +9,9 @@ from typing import Dict, List, Optional
 
 import pandas as pd
 
-from .report import PUBLISHED, ROOFLINE_MODELS, peak_summary
-from .store import RESULTS, StudyResult
+from .config import ROOFLINE_MODELS
+from .published import PUBLISHED
+from .store import META, RESULTS, StudyResult
 
 # Forward counts of a model agree when its largest is within this fraction of its smallest.
 FORWARD_TOLERANCE = 0.05
@@ -269,3 +270,16 @@ def first_principles(rf: Optional[dict]) -> List[str]:
             f"roofline time is in memory-bound ops against {rf[b]['memory_bound_share']:.0%} for {b}. Even a perfect "
             f"implementation would put {a} at most at about {spb / spa:.2f} of {b}'s utilization; kernel launch "
             "overhead at small per-op work pushes it lower still."]
+
+
+def peak_summary(meta: dict) -> str:
+    """The peaks this run's steps were held against, in a few words, with their source."""
+    peaks = list((meta.get("peaks") or {}).values())
+    if not peaks:
+        return "not needed (no timed rows)"
+    values = sorted({p["peak_flops"] for p in peaks})
+    sources = sorted({p["source"] for p in peaks})
+    mixes = sorted({"/".join(p.get("precision_mix") or {}) or "fp32" for p in peaks})
+    head = (f"{values[0]:.4g}" if len(values) == 1 else
+            f"{values[0]:.4g} to {values[-1]:.4g} over {len(peaks)} steps (see `{META}`)")
+    return f"{head} for {', '.join(mixes)} work ({'; '.join(sources)})"

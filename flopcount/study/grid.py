@@ -11,7 +11,7 @@ re-runs it with flopcount's parts:
   over its time), ``batch`` (the same at batch N) and ``epoch`` (every image of the data set through a DataLoader
   at batch N: dispatch FLOPs per sample x samples over the wall time, data loading included).
 
-The peak of a time row is that of the step it times: ``devices.resolve_peak`` of the precision mix of the step's
+The peak of a time row is that of the step it times: ``peak_policy.resolve_peak`` of the precision mix of the step's
 dispatch count, the rule ``flopcount.utilization`` and the roofline follow. Each row is appended as soon as it
 exists and a rerun skips every row already there. Failures are rows too: ``oom`` or ``error`` with a one-line
 message, and the grid goes on. The parts are called through a backend object (``backend.TorchBackend``), so the
@@ -25,14 +25,16 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, List, Sequence, Tuple
 
-from .. import devices
+from .. import peak_policy
 from ..errors import FlopcountError, is_oom, one_line
 from ..ratios import ratio_rows
-from .backend import TorchBackend, _free
+from .backend import TorchBackend, free_memory
 from .config import NVTX_METHODS, StudyConfig, StudyError
 from .data import make_dataset
+from .published import PUBLISHED
+from .report import render_report, write_figures
 from .store import (COLUMNS, COUNT, ERROR, FIGURES, KEY, OK, OOM, RATIO_COLUMNS, RATIO_KEY, RATIOS, REPORT, RESULTS,
-                    STATUSES, TIME, ResultsFile, StudyResult, _jsonable, folder_lock, load_meta, refuse_links,
+                    STATUSES, TIME, ResultsFile, StudyResult, folder_lock, jsonable, load_meta, refuse_links,
                     save_meta, write)
 
 
@@ -112,8 +114,6 @@ def run_study(config: StudyConfig, out: str, *, backend=None, resume: bool = Tru
 
 
 def _run_locked(config, out, backend, resume, progress, figures, log) -> StudyResult:
-    from .report import PUBLISHED, render_report, write_figures
-
     device = backend.device_name()
     results = ResultsFile(os.path.join(out, RESULTS), COLUMNS, KEY, resume=resume)
     ratios = ResultsFile(os.path.join(out, RATIOS), RATIO_COLUMNS, RATIO_KEY, resume)
@@ -127,8 +127,8 @@ def _run_locked(config, out, backend, resume, progress, figures, log) -> StudyRe
     if meta.get("data") and meta["data"] != data_desc:
         log(f"note: earlier rows used {meta['data']!r}; new rows use {data_desc!r}")
     meta["data"] = data_desc
-    meta.update(config=_jsonable(asdict(config)), estimators=estimators, device=device,
-                published=_jsonable(PUBLISHED))
+    meta.update(config=jsonable(asdict(config)), estimators=estimators, device=device,
+                published=jsonable(PUBLISHED))
     for stale in ("peak_flops", "peak_source"):  # one peak for the whole run: the rule before peaks per step
         meta.pop(stale, None)
     if meta.get("peak_device") != device:
@@ -190,14 +190,14 @@ def _run_task(t: Task, run: _Run) -> dict:
         oom = is_oom(exc)
         row.update(status=OOM if oom else ERROR, message=one_line(exc))
         if oom:
-            _free(getattr(run.backend, "device", "cpu"))
+            free_memory(getattr(run.backend, "device", "cpu"))
     return row
 
 
 def _count(t: Task, run: _Run) -> dict:
     if t.method == "dispatch":
         report, model = run.backend.count(t.model, t.batch_size)
-        _keep_mix(run, t.model, t.batch_size, devices.precision_mix(report, tf32=run.tf32))
+        _keep_mix(run, t.model, t.batch_size, peak_policy.precision_mix(report, tf32=run.tf32))
         fw, bw = report.total("forward"), report.total("backward")
         extra = {}
         if report.uncounted:
@@ -285,7 +285,7 @@ def _mix(run: _Run, model: str, batch: int) -> Tuple[Dict[str, float], str]:
             run.mixes[key] = dict(kept)
         else:  # counted before mixes were kept, or on another device (TF32 differs): count it again, on meta
             report, _ = run.backend.count(model, batch)
-            _keep_mix(run, model, batch, devices.precision_mix(report, tf32=run.tf32))
+            _keep_mix(run, model, batch, peak_policy.precision_mix(report, tf32=run.tf32))
     return run.mixes[key], ""
 
 

@@ -11,22 +11,10 @@ from typing import Callable, Dict, List
 import pandas as pd
 
 from ..errors import OutputError, one_line
-from .config import TIME_METHODS, StudyError
+from .config import ROOFLINE_BATCH, ROOFLINE_MODELS, ROOFLINE_SPEC, TIME_METHODS, StudyError
+from .findings import findings, peak_summary
+from .published import PUBLISHED
 from .store import COUNT, FIGURES, KEY, META, OK, RATIOS, RESULTS, TIME, StudyResult
-
-# The published figures (the same as data/p100_study_published.csv, which gives the source; a test keeps them equal).
-PUBLISHED = {
-    "source": 'Hobbhahn, Epoch AI (2021), "How to measure FLOP/s for Neural Networks empirically?", '
-              "https://epochai.org/blog/measure-FLOPs-empirically",
-    "device": "Tesla P100 (PCIe, 16 GB)",
-    "peak_fp32": 9.3e12,
-    "utilization_most": (0.3, 0.75),
-    "utilization_outliers": ("mobilenet_v2", "efficientnet_b0"),
-    "utilization_outliers_below": 0.04,
-    "backward_to_forward": 2.0,
-}
-
-ROOFLINE_MODELS, ROOFLINE_SPEC, ROOFLINE_BATCH = ("mobilenet_v2", "resnet50"), "P100 PCIe", 64
 
 
 # --- figures -------------------------------------------------------------------------------------------------------
@@ -153,23 +141,8 @@ def tables(res: StudyResult) -> Dict[str, pd.DataFrame]:
 
 
 # --- the report ----------------------------------------------------------------------------------------------------
-def peak_summary(meta: dict) -> str:
-    """The peaks this run's steps were held against, in a few words, with their source."""
-    peaks = list((meta.get("peaks") or {}).values())
-    if not peaks:
-        return "not needed (no timed rows)"
-    values = sorted({p["peak_flops"] for p in peaks})
-    sources = sorted({p["source"] for p in peaks})
-    mixes = sorted({"/".join(p.get("precision_mix") or {}) or "fp32" for p in peaks})
-    head = (f"{values[0]:.4g}" if len(values) == 1 else
-            f"{values[0]:.4g} to {values[-1]:.4g} over {len(peaks)} steps (see `{META}`)")
-    return f"{head} for {', '.join(mixes)} work ({'; '.join(sources)})"
-
-
 def render_report(res: StudyResult) -> str:
     """REPORT.md: the run, the tables, the figures, the published numbers beside ours, and what they mean."""
-    from .findings import findings
-
     meta, t, P = res.meta, tables(res), PUBLISHED
     cfg = meta.get("config", {})
     L: List[str] = ["# The P100 utilization study, reproduced", ""]

@@ -20,7 +20,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import pandas as pd
 
-from .. import report as _report
+from .. import outputs
 from ..errors import OutputError, one_line
 from .config import StudyError
 
@@ -139,10 +139,10 @@ def _stat(path: str):
 
 
 def write(path: str, data) -> None:
-    """``report.atomic_write``, with a failure (a read-only folder, a full disk) as one line that says the files
+    """``outputs.atomic_write``, with a failure (a read-only folder, a full disk) as one line that says the files
     already there are kept: the old file stays whole until the new one has been written in full."""
     try:
-        _report.atomic_write(path, data)
+        outputs.atomic_write(path, data)
     except OSError as exc:
         raise OutputError(f"cannot write {path}: {exc.strerror or one_line(exc)}; what the folder already held is "
                           "kept") from None
@@ -224,14 +224,15 @@ def load_meta(out: str) -> dict:
 
 
 def save_meta(out: str, meta: dict) -> None:
-    write(os.path.join(out, META), json.dumps(_jsonable(meta), indent=2))
+    write(os.path.join(out, META), json.dumps(jsonable(meta), indent=2))
 
 
-def _jsonable(x):
+def jsonable(x):
+    """``x`` with its tuples as lists (nested in dicts and lists too), as JSON reads them back."""
     if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
+        return {k: jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
+        return [jsonable(v) for v in x]
     return x
 
 
