@@ -111,6 +111,15 @@ def test_a100_every_region_and_kernel_counted_or_listed():
     assert 0.25 < shares["counted"] < 0.40  # the matmuls and pointwise ops: 30.9% of the GPU time
 
 
+@pytest.mark.skipif(not A100.exists(), reason="Kineto fixtures missing (tests/fixtures/kineto)")
+def test_a100_optimizer_phase_is_not_a_silent_zero(capsys):
+    assert cli(["trace", str(A100), "--by", "phase"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("optimizer"))
+    assert row.split()[1:3] == ["-", "-"]  # FLOPs and naive: not known, not 0
+    assert "Optimizer.step#FusedAdam.step (optimizer, 6 call(s), 1.5%)" in out
+
+
 @pytest.mark.skipif(not MI250.exists(), reason="Kineto fixtures missing (tests/fixtures/kineto)")
 def test_compare_inductor_explains_each_difference(capsys):
     """profile_analysis, called on the same trace: the MLP's Linear(128, 128) on 5 rows. Hand-worked: mm
@@ -172,3 +181,32 @@ def test_count_cli_of_a_compiled_factory(tmp_path, capsys):
     ops = {(r["op"], r["phase"]): r["flops"] for r in doc["ops"]}
     assert ops[("aten.addmm", "forward")] == 136
     assert any("torch.compile" in n for n in doc.get("notes", []))
+
+
+def test_nsight_compiled_regions_counted_or_listed(tmp_path):
+    """An emit_nvtx export of a compiled step: the extern mm (64,32)@(32,16) = 65,536 counted (800 ns), the Triton
+    kernel launched under ``CompiledFunction`` (200 ns) and the one under ``CompiledFunctionBackward`` (500 ns)
+    listed under their regions: 800 of 1500 ns counted."""
+    from nvtx_profile_gen import global_tid, write_sqlite
+
+    from flopcount.profiles import analyze
+
+    strings = {}
+    sid = lambda s: strings.setdefault(s, len(strings) + 1)
+    main, bwd = global_tid(1, 1), global_tid(1, 2)
+    nvtx = [(1000, 2000, 59, "CompiledFunction, seq = 3", main),
+            (1100, 1300, 59, "aten::mm, seq = 4, sizes = [[64, 32], [32, 16]]", main),
+            (3000, 4000, 59, "CompiledFunctionBackward, seq = 3", bwd)]
+    launches = [(1150, 1153, main, 1), (1500, 1503, main, 2), (3100, 3103, bwd, 3)]
+    runtime = [(s, e, 1, t, c, sid("cudaLaunchKernel_v7000"), 0) for s, e, t, c in launches]
+    kernels = []
+    for (start, _, _, corr), name, dur in zip(launches, ["sm80_xmma_gemm_f32f32", "triton_poi_fused_add_relu_0",
+                                                         "triton_poi_fused_threshold_backward_1"], [800, 200, 500]):
+        kernels.append((start + 10, start + 10 + dur, 0, 1, 7, corr, 1 << 24, sid(name), sid(name), 1, 1, 1, 256, 1, 1))
+    path = write_sqlite(str(tmp_path / "compiled.sqlite"), nvtx, runtime, kernels, strings)
+    a = analyze(path)
+    assert a.report.total("forward") == 2 * 64 * 32 * 16
+    assert a.time_shares[compiled.COUNTED] == pytest.approx(800 / 1500)
+    u = a.uncounted_time().set_index("what")
+    assert u.loc["CompiledFunction", ["phase", "calls", "seconds"]].tolist() == ["forward", 1, pytest.approx(2e-7)]
+    assert u.loc["CompiledFunctionBackward", ["phase", "seconds"]].tolist() == ["backward", pytest.approx(5e-7)]

@@ -93,3 +93,19 @@ def test_naive_count_every_kernel_times_every_enclosing_formula(tmp_path):
     assert a.ops["naive_flops"].sum() == 7776 + 132
     assert a.report.total() == 1296 + 72 + 132
     assert analyze_trace(_gpu_step(tmp_path), naive=True).report.total() == 7776 + 132
+
+
+def test_argument_rules_come_from_the_formula_table():
+    """The profiles keep no op-name lists of their own: which rule an op's missing arguments follow is the
+    formula table's (formulas/roles.py)."""
+    import inspect
+
+    from flopcount.formulas import roles
+    from flopcount.profiles import marker_args
+
+    assert roles.role("aten::cudnn_convolution") == roles.role("aten.convolution") == "conv"
+    assert roles.role("aten.max_pool2d_with_indices") == "max_pool"
+    assert roles.role("aten._scaled_dot_product_efficient_attention") == "attention"
+    assert roles.role("aten.add") == ""
+    src = inspect.getsource(marker_args)
+    assert "cudnn_convolution" not in src and "max_pool2d" not in src and "native_batch_norm" not in src

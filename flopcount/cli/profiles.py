@@ -88,6 +88,12 @@ def _by_phase(args, a) -> int:
         min_count=1)
     total_s = float(table["gpu_s"].sum())
     table["share"] = table["gpu_s"] / total_s if total_s else float("nan")
+    # a phase whose time ran no op with FLOPs, only work not known (a fused optimizer launched from Python), is "-"
+    # in the table, not 0
+    unknown = a.uncounted_time().groupby("phase")["seconds"].sum() if a.has_shapes else None
+    if unknown is not None and len(unknown):
+        blank = (table["flops"] == 0) & (table.index.to_series().map(unknown).fillna(0) > 0)
+        table.loc[blank, ["flops", "naive_flops"]] = float("nan")
     table["flops_per_s"] = (table["flops"] / table["gpu_s"].where(table["gpu_s"] > 0)).astype(float)
     if args.format == "json":
         print_json({"profile": args.profile, "by": "phase", "rows": records(table.reset_index()), "notes": a.notes,

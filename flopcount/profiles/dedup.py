@@ -270,7 +270,7 @@ def analyze(prof: Profile, naive: bool = False) -> Analysis:
     ops = ops.drop(columns=["gpu_ns"])
     ops["family"] = [formulas.op_family(o) for o in ops["op"]]
     phase_names = PHASES[phase] if n else np.zeros(0, object)
-    range_names = name_cats[name_codes] if n else np.zeros(0, object)
+    range_names = packets[name_codes] if n else np.zeros(0, object)  # aten ops by packet, as everywhere
     owner = np.where(in_range, np.where(op_of[np.maximum(inner, 0)] >= 0, op_of[np.maximum(inner, 0)], inner), -1) \
         if len(k) and n else np.full(len(k), -1)
     inductor, time_rows, time_shares = compiled.account(
