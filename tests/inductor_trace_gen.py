@@ -98,9 +98,14 @@ def events():
     ev.append(_launch(8, t + 5))
     # the device: each kernel 50 us after its launch
     launch_ts = {e["args"]["correlation"]: e["ts"] for e in ev if e["cat"] == "cuda_runtime"}
+    # a kernel carries the External id of the op it was launched in, as Kineto links them (each launch here
+    # follows the op that makes it)
+    launcher = {e["args"]["correlation"]: before["args"]["External id"] for before, e in zip(ev, ev[1:])
+                if e["cat"] == "cuda_runtime"}
     for corr, name, dur, extra in KERNELS:
         ev.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": STREAM, "ts": launch_ts[corr] + 50,
-                   "dur": dur, "args": {"correlation": corr, "device": 0, "stream": STREAM, **extra}})
+                   "dur": dur, "args": {"correlation": corr, "External id": launcher[corr], "device": 0,
+                                                "stream": STREAM, **extra}})
     return ev
 
 

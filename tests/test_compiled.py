@@ -140,12 +140,17 @@ def test_compare_inductor_explains_each_difference(capsys):
 
 
 def test_compare_inductor_reads_kernel_flop_as_flopcount_does(inductor_trace, capsys):
-    """On the hand-written compiled step, the one kernel event carrying kernel_flop is read alike by both."""
+    """On the hand-written compiled step, Inductor's figures (on the launch record, which the kernels' External id
+    names, or on the kernel event) are read alike by both, and so is the extern mm (2*64*32*16)."""
     pytest.importorskip("torch._inductor.analysis.profile_analysis")
     assert cli(["trace", str(inductor_trace), "--compare-inductor", "--format", "json"]) == 0
     rows = {r["op"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
-    bw = rows["triton_poi_fused_threshold_backward_2"]
-    assert (bw["flopcount"], bw["profile_analysis"], bw["why"]) == (2048, 2048, "same")
+    for op, flops in [("triton_poi_fused_threshold_backward_2", 2048), ("triton_poi_fused_add_relu_0", 4096),
+                      ("triton_tem_fused_mm_3", 65_536), ("aten.mm", 65_536)]:
+        assert (rows[op]["flopcount"], rows[op]["profile_analysis"], rows[op]["why"]) == (flops, flops, "same")
+    adam = rows["aten._fused_adam_"]
+    assert (adam["flopcount"], adam["profile_analysis"]) == (gen.ADAM_FLOPS, 0) and "registry" in adam["why"]
+    assert rows["triton_red_fused_sum_1"]["flopcount"] is None
     fbgemm = rows["fbgemm::split_embedding_codegen_lookup_sgd_function"]
     assert fbgemm["flopcount"] is None and "no formula" in fbgemm["why"]
 

@@ -274,7 +274,7 @@ def _compare_inductor(args, a) -> int:
     title = [R.headline(args.profile, peer="torch._inductor.analysis.profile_analysis"),
              "  flopcount: each op call once; profile_analysis: the sum of its per-kernel kernel_flop over the "
              "op's kernels"]
-    notes = [f"[{i + 1}] {w}" for i, w in enumerate(reasons)] + ["-: flopcount has no formula for the op"]
+    notes = [f"[{i + 1}] {w}" for i, w in enumerate(reasons)] + ["-: flopcount has no formula or kernel_flop for it"]
     print(R.table(shown, cols, title=title, notes=notes))
     return EXIT_OK
 

@@ -27,8 +27,9 @@ SAME = "same"
 EVERY_KERNEL = "profile_analysis gives each of an op's kernels the op's FLOPs: {k:g} kernels per call, {k:g}x"
 NO_CONCRETE = "the trace has no Concrete Inputs, without which profile_analysis prices no op"
 NOT_REGISTERED = "not in torch.utils.flop_counter's registry: profile_analysis prices matmul, conv, attention only"
-NO_FORMULA = "flopcount has no formula for it (listed as uncounted)"
+NO_FORMULA = "flopcount has no formula or kernel_flop for it (its time is listed as not known)"
 BIAS = "flopcount adds the bias (1 per output element); flop_counter counts the product only"
+NOT_ATEN = "no aten op: profile_analysis prices aten ops and kernels that carry kernel_flop"
 NOT_PARSED = "profile_analysis could not map its recorded arguments (kernel name or arguments not understood)"
 OTHER = "differs (ratio {r:.4g})"
 
@@ -100,6 +101,8 @@ def why(r, concrete: bool) -> str:
     if pa == 0:
         if not concrete:
             return NO_CONCRETE
+        if not str(r.op).startswith("aten."):
+            return NOT_ATEN
         return NOT_REGISTERED if not _registered(r.op) else NOT_PARSED
     if k > 1 and abs(pa - fc * k) <= 1e-9 * pa:
         return EVERY_KERNEL.format(k=k)
