@@ -155,8 +155,12 @@ def test_compare_inductor_reads_kernel_flop_as_flopcount_does(inductor_trace, ca
     assert fbgemm["flopcount"] is None and "no formula" in fbgemm["why"]
 
 
-def test_compare_inductor_only_by_op(inductor_trace, capsys):
+def test_compare_inductor_only_by_op_and_with_kernels(inductor_trace, capsys):
     assert cli(["trace", str(inductor_trace), "--compare-inductor", "--by", "phase"]) == 2
+    cpu_only = KINETO / "cpu_only_rank34.json.gz"
+    if cpu_only.exists():
+        assert cli(["trace", str(cpu_only), "--compare-inductor"]) == 2
+        assert "no device kernels" in capsys.readouterr().err
 
 
 def test_count_of_a_compiled_model_is_the_eager_graph():

@@ -69,6 +69,8 @@ def peer_kernels(path: str) -> pd.DataFrame:
 
 def compare(analysis, path: str) -> pd.DataFrame:
     """Per (op, phase): calls, kernels, flopcount's FLOPs, the peer's, and why they differ."""
+    if analysis.kernel_ops is None or analysis.kernel_ops.empty:
+        raise ProfileError(f"{path}: no device kernels: profile_analysis prices kernel events only")
     peer = peer_kernels(os.fspath(path))
     ko = analysis.kernel_ops.copy()
     ko["start"] = ko["start"].astype("Int64")
