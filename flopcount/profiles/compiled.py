@@ -33,6 +33,7 @@ REGION_PREFIXES = ("CompiledFunction", "Torch-Compiled Region", "## Call Compile
 FIGURES = ("kernel_flop", "kernel_num_gb")
 COUNTED, ZERO, UNCOUNTED = "counted", "zero", "uncounted"
 OUTSIDE = "(launched outside every range)"
+NAN = float("nan")
 GENERATED = " (generated code: time outside its aten ops)"
 
 
@@ -43,8 +44,8 @@ def is_region(name: str) -> bool:
 def figure(value) -> float:
     """A recorded ``kernel_flop`` / ``kernel_num_gb`` as a float, NaN where absent or not a finite, non-negative
     number (Inductor writes 0 where it could not estimate; that is absent too, as profile_analysis reads it)."""
-    if type(value) not in (int, float) or not np.isfinite(value) or value <= 0 or value >= 2.0 ** 62:
-        return float("nan")
+    if type(value) not in (int, float) or not 0 < value < 2.0 ** 62:  # NaN fails the comparison too
+        return NAN
     return float(value)
 
 

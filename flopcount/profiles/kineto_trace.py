@@ -43,6 +43,7 @@ LAUNCH_CATS = {"cuda_runtime", "cuda_driver"}
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 _THREAD_SHIFT = 40  # a forward thread's rank above the sequence number
 _LIMIT = 1 << 62  # times in nanoseconds, and ids, beyond this are not a trace's
+NO_FIGURES = (compiled.NAN, compiled.NAN)
 
 
 def _read_json(path: str):
@@ -183,7 +184,8 @@ def _load(path: str) -> Profile:
             device.append((start, start + dur, corr if ok else -1,  # a negative dur is the screening's to drop
                            name[:4096] if type(name) is str else str(name)[:4096],
                            gpu if type(gpu) is int else -1, stream if type(stream) is int else -1,
-                           compiled.figure(args.get("kernel_flop")), compiled.figure(args.get("kernel_num_gb"))))
+                           *((compiled.figure(args.get("kernel_flop")), compiled.figure(args.get("kernel_num_gb")))
+                             if "kernel_flop" in args or "kernel_num_gb" in args else NO_FIGURES)))
             continue
         name = e.get("name")
         if type(name) is not str or not name or len(name) > 4096:
