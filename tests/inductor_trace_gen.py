@@ -60,7 +60,7 @@ def events():
     # forward region: Inductor record with figures, extern mm, record without figures
     ev.append(_op("CompiledFunction", t, 100, **{"Sequence number": 5, "Fwd thread id": 0}))
     ev.append(_op("triton_poi_fused_add_relu_0", t + 10, 10, kernel_flop=4096, kernel_num_gb=4.9e-5,
-                  kernel_backend="triton", kernel_file="/tmp/c.py"))
+                  kernel_backend="triton", kernel_file="cab12xyz.py"))
     ev.append(_launch(1, t + 12))
     ev.append(_op("aten::mm", t + 30, 20, **{"Input Dims": [[64, 32], [32, 16]], "Input type": ["float", "float"],
                                              "Concrete Inputs": ["", ""]}))
