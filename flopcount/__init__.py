@@ -99,10 +99,24 @@ def count(model, inputs, *, estimator: str = "dispatch", backward: bool = True, 
     request = make_request(model, inputs, backward=backward, loss_fn=loss_fn, device=device, optimizer=optimizer,
                            model_name=model_name, **options)
     report = run(est, request)
-    note = eval_mode_note(model)
-    if note and note not in report.notes:
-        report.notes.append(note)
+    for note in (eval_mode_note(model), compiled_note(model)):
+        if note and note not in report.notes:
+            report.notes.append(note)
     return report
+
+
+COMPILED_NOTE = ("a torch.compile'd model: counted as its eager graph (the module torch.compile wraps), the ops the "
+                 "model calls before Inductor fuses them; `flopcount trace` of a recorded compiled step reads what ran")
+
+
+def compiled_note(model) -> Optional[str]:
+    """What a count must say about a model that ``torch.compile`` wrapped (at any depth of wrappers)."""
+    while model is not None:
+        if type(model).__name__ == "OptimizedModule":
+            return COMPILED_NOTE
+        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
+        model = inner if inner is not model else None
+    return None
 
 
 def eval_mode_note(model) -> Optional[str]:

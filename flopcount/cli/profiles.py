@@ -35,6 +35,9 @@ def add(sub) -> None:
     p.add_argument("--module-ranges", metavar="PREFIX", default=None,
                    help="--by module from the record_function ranges named PREFIX + a module path (default: those "
                         "named like a module path)")
+    p.add_argument("--compare-inductor", action="store_true",
+                   help="beside each op, the per-kernel FLOPs of PyTorch's torch._inductor.analysis.profile_analysis "
+                        "on the same trace, and why they differ")
     add_top(p)
     add_format(p)
 
@@ -56,7 +59,11 @@ def run(args) -> int:
             raise UsageError("--module-ranges applies to --by module")
         if args.by == "module":
             return _annotated(args, trace=True)
+        if args.compare_inductor and args.by != "op":
+            raise UsageError("--compare-inductor applies to --by op")
         a = analyze_trace(args.profile, naive=args.naive)
+        if args.compare_inductor:
+            return _compare_inductor(args, a)
         if args.by == "phase":
             return _by_phase(args, a)
         return _by_kernels(args, a) if args.by in KERNEL_KEYS else _print(args, a, "trace")
@@ -81,9 +88,16 @@ def _by_phase(args, a) -> int:
         min_count=1)
     total_s = float(table["gpu_s"].sum())
     table["share"] = table["gpu_s"] / total_s if total_s else float("nan")
+    # a phase whose time ran no op with FLOPs, only work not known (a fused optimizer launched from Python), is "-"
+    # in the table, not 0
+    unknown = a.uncounted_time().groupby("phase")["seconds"].sum() if a.has_shapes else None
+    if unknown is not None and len(unknown):
+        blank = (table["flops"] == 0) & (table.index.to_series().map(unknown).fillna(0) > 0)
+        table.loc[blank, ["flops", "naive_flops"]] = float("nan")
     table["flops_per_s"] = (table["flops"] / table["gpu_s"].where(table["gpu_s"] > 0)).astype(float)
     if args.format == "json":
-        print_json({"profile": args.profile, "by": "phase", "rows": records(table.reset_index()), "notes": a.notes})
+        print_json({"profile": args.profile, "by": "phase", "rows": records(table.reset_index()), "notes": a.notes,
+                    **_time_doc(a)})
         return EXIT_OK
     if args.format == "csv":
         print_frame(table, "csv")
@@ -93,7 +107,7 @@ def _by_phase(args, a) -> int:
             R.Col("calls", R.INT, drop=1), R.Col("kernels", R.INT, drop=2), R.Col("gpu_s", R.SECONDS, time_label),
             R.Col("share", R.SHARE, drop=5), R.Col("flops_per_s", R.RATE, "FLOP/s", drop=4)]
     print(R.table(table.reset_index(), cols, title=[R.headline(args.profile, by="phase")],
-                  notes=[f"note: {n}" for n in a.notes]))
+                  notes=time_footer(a) + [f"note: {n}" for n in a.notes]))
     return EXIT_OK
 
 
@@ -134,7 +148,7 @@ def _print(args, a, kind: str) -> int:
                     "seconds": a.gpu_seconds(), "gpu_seconds": a.gpu_seconds(), "devices": a.devices,
                     "flops_per_s": {p: a.flops_per_s(p) for p in ("forward", "backward", "optimizer")
                                     if (a.ops["phase"] == p).any()} if a.has_shapes else None,
-                    "notes": a.notes, "per_op": records(a.ops)})
+                    "notes": a.notes, "per_op": records(a.ops), **_time_doc(a)})
         print_json(doc)
         return EXIT_OK
     if args.format == "csv":
@@ -196,7 +210,7 @@ def nsys_table(a, profile: str, naive: bool = False, top=None, notes=(), width=N
         total["flops_per_s"] = total["flops"] / gpu if gpu else None
     f = ops.reset_index()
     f["phase"] = f["phase"].fillna("")
-    notes = list(notes)
+    notes = time_footer(a) + list(notes)
     if shapes:  # a 0 that is not known to be 0 is shown as "-", and said
         unknown = _unknown_flops(a)
         blank = f["op"].isin(set(unknown)) & (f["flops"] == 0)
@@ -205,6 +219,64 @@ def nsys_table(a, profile: str, naive: bool = False, top=None, notes=(), width=N
             notes.insert(0, "-: FLOPs not known, NOT in the totals: " + "; ".join(
                 f"{what}: {', '.join(names)}" for what, names in _unknown_kinds(a, unknown).items()))
     return R.table(f, cols, title=title, total=total, notes=notes, width=width, color=color)
+
+
+def time_footer(a, limit: int = 6) -> list:
+    """The share of the time whose FLOPs are counted, zero and not known, and what ran the time not known."""
+    from . import render as R
+
+    shares = getattr(a, "time_shares", None) or {}
+    if not shares or not a.has_shapes:
+        return []
+    label = "CPU time" if getattr(a, "time_source", "device") == "cpu" else "GPU time"
+    pct = lambda x: f"{100 * x:.1f}%" if x == x else "-"
+    out = [f"{label} with FLOPs: {pct(shares['counted'])} counted, {pct(shares['zero'])} in zero-FLOP ops, "
+           f"{pct(shares['uncounted'])} not known (NOT in the totals)"]
+    u = a.uncounted_time()
+    if len(u):
+        items = [f"{r.what} ({r.phase}, {int(r.calls)} call(s), {pct(r.share)})" for r in u.head(limit).itertuples()]
+        more = f"; and {len(u) - limit} more" if len(u) > limit else ""
+        out.append(f"{label} without FLOPs, by what ran it: " + "; ".join(items) + more)
+    ind = getattr(a, "inductor", None)
+    if ind is not None and len(ind):
+        out.append(f"{int(ind['calls'].sum())} Inductor kernel launch(es) counted from their own kernel_flop "
+                   f"({len(ind)} kernel(s), {R.si(float(ind['flops'].sum()), 'FLOP')})")
+    return out
+
+
+def _time_doc(a) -> dict:
+    """The time accounting for --format json: shares, the uncounted time by what ran it, Inductor's kernels."""
+    ind = getattr(a, "inductor", None)
+    return {"time_shares": getattr(a, "time_shares", {}) or {},
+            "uncounted_time": records(a.uncounted_time()) if hasattr(a, "uncounted_time") else [],
+            "inductor_kernels": records(ind) if ind is not None else []}
+
+
+def _compare_inductor(args, a) -> int:
+    """flopcount's FLOPs per op beside torch._inductor.analysis.profile_analysis's per-kernel figures."""
+    from ..profiles.inductor_peer import compare
+    from . import render as R
+
+    t = compare(a, args.profile)
+    if args.format == "json":
+        print_json({"profile": args.profile, "peer": "torch._inductor.analysis.profile_analysis",
+                    "rows": records(t)})
+        return EXIT_OK
+    if args.format == "csv":
+        print_frame(t.set_index(["op", "phase"]), "csv")
+        return EXIT_OK
+    shown = (t if args.top is None else t.head(args.top)).copy()
+    reasons = list(dict.fromkeys(shown["why"]))
+    shown["why"] = [f"[{reasons.index(w) + 1}]" for w in shown["why"]]
+    cols = [R.Col("op"), R.Col("phase"), R.Col("calls", R.INT, drop=2), R.Col("kernels", R.INT, drop=1),
+            R.Col("flopcount", R.FLOPS, "flopcount"), R.Col("profile_analysis", R.FLOPS, "profile_analysis"),
+            R.Col("why", R.TEXT)]
+    title = [R.headline(args.profile, peer="torch._inductor.analysis.profile_analysis"),
+             "  flopcount: each op call once; profile_analysis: the sum of its per-kernel kernel_flop over the "
+             "op's kernels"]
+    notes = [f"[{i + 1}] {w}" for i, w in enumerate(reasons)] + ["-: flopcount has no formula or kernel_flop for it"]
+    print(R.table(shown, cols, title=title, notes=notes))
+    return EXIT_OK
 
 
 def _unknown_flops(a) -> list:

@@ -25,7 +25,7 @@ import pandas as pd
 
 from .. import formulas
 from ..report import FlopReport
-from . import markers
+from . import compiled, markers
 from .marker_flops import STATUS, op_flops
 from .nesting import innermost, nest_levels, subtree_sum
 from .profile import Profile, ProfileError
@@ -56,6 +56,22 @@ class Analysis:
     # kernels per (device, stream, kernel name): count, device seconds, and the FLOPs of the ops whose kernels ran
     # there (an op's FLOPs go to the device and stream of its last kernel); -1 where the profile does not say
     kernel_groups: Optional[pd.DataFrame] = None
+    # kernels that carry Inductor's own kernel_flop: per (kernel, phase, compiled region), counted from those
+    inductor: Optional[pd.DataFrame] = None
+    # where the device time (CPU time without device activity) went: per (what, phase, status) calls, kernels,
+    # seconds and share, status counted / zero / uncounted (compiled.account); and the share per status
+    time_rows: Optional[pd.DataFrame] = None
+    time_shares: dict = field(default_factory=dict)
+    # per kernel: start (ns), name, the op or range it is charged to (``owner``, -1: none), that range's name,
+    # phase and FLOPs (-1: not known); the Inductor peer's comparison joins on start and name
+    kernel_ops: Optional[pd.DataFrame] = None
+
+    def uncounted_time(self) -> pd.DataFrame:
+        """The time whose FLOPs are not known, by what ran it: op, extension op, compiled region, annotation."""
+        t = self.time_rows
+        if t is None:
+            return pd.DataFrame(columns=["what", "phase", "status", "calls", "kernels", "seconds", "share"])
+        return t[(t["status"] == compiled.UNCOUNTED) & (t["seconds"] > 0)].reset_index(drop=True)
 
     def by_kernels(self, key: str) -> pd.DataFrame:
         """Kernels, device seconds (with their share) and FLOPs per ``device``, ``stream`` or ``kernel``."""
@@ -206,11 +222,13 @@ def analyze(prof: Profile, naive: bool = False) -> Analysis:
     k = prof.kernels
     launched = k["launch_tid"].to_numpy() >= 0
     kdur = k["end"].to_numpy(np.int64) - k["start"].to_numpy(np.int64)
+    # kernels Inductor priced itself are counted from their own figures, not charged to the record around them
+    figured = ~np.isnan(k["kernel_flop"].to_numpy(np.float64)) if "kernel_flop" in k else np.zeros(len(k), bool)
 
     def attribute():
         inner = innermost(r, k["launch_tid"].to_numpy(), k["launch_start"].to_numpy())
         in_range = inner >= 0
-        kcount_own, kcount, ktime, int_k, float_k = _kernel_sums(inner, in_range, kdur, k, op_of, n)
+        kcount_own, kcount, ktime, int_k, float_k = _kernel_sums(inner, in_range & ~figured, kdur, k, op_of, n)
         under = subtree_sum(parent, depth, kcount_own, by_level)  # kernels launched anywhere inside (naive)
         return in_range, kcount, ktime, int_k & ~float_k, under, inner
 
@@ -251,6 +269,20 @@ def analyze(prof: Profile, naive: bool = False) -> Analysis:
     ops["gpu_s"] = ops["gpu_ns"] / 1e9
     ops = ops.drop(columns=["gpu_ns"])
     ops["family"] = [formulas.op_family(o) for o in ops["op"]]
+    phase_names = PHASES[phase] if n else np.zeros(0, object)
+    range_names = packets[name_codes] if n else np.zeros(0, object)  # aten ops by packet, as everywhere
+    owner = np.where(in_range, np.where(op_of[np.maximum(inner, 0)] >= 0, op_of[np.maximum(inner, 0)], inner), -1) \
+        if len(k) and n else np.full(len(k), -1)
+    inductor, time_rows, time_shares = compiled.account(
+        names=range_names, phases=phase_names, is_op=is_op, flops=flops, status=STATUS[status],
+        region=compiled.region_of(range_names, parent, by_level), kernels=k, kdur=kdur, owner=owner,
+        cpu_times=prof.cpu_times, start=start, end=end, tids=r["tid"].to_numpy(np.int64))
+    if len(inductor):
+        extra = inductor.groupby(["kernel", "phase"], sort=False)[["flops", "calls", "gpu_s"]].sum().reset_index()
+        ops = pd.concat([ops, pd.DataFrame({
+            "op": extra["kernel"], "phase": extra["phase"], "flops": extra["flops"], "naive_flops": extra["flops"],
+            "calls": extra["calls"], "kernels": extra["calls"], "underived": 0, "gpu_s": extra["gpu_s"],
+            "family": "inductor"})], ignore_index=True)
     with np.errstate(divide="ignore", invalid="ignore"):
         ops["flops_per_s"] = np.where(ops["gpu_s"] > 0, ops["flops"] / ops["gpu_s"], np.nan)
     if not has_shapes:
@@ -270,7 +302,7 @@ def analyze(prof: Profile, naive: bool = False) -> Analysis:
 
     report = None
     if has_shapes:
-        report = _report(packets, name_codes, phase, is_op, flops, status, naive_flops, naive, prof, notes)
+        report = _report(packets, name_codes, phase, is_op, flops, status, naive_flops, naive, prof, notes, inductor)
     op_ranges = pd.DataFrame({"start": start[is_op], "end": end[is_op], "tid": r["tid"].to_numpy(np.int64)[is_op],
                               "op": packets[name_codes[is_op]], "phase": PHASES[phase[is_op]],
                               "flops": np.maximum(flops[is_op], 0), "status": STATUS[status[is_op]]})
@@ -278,7 +310,20 @@ def analyze(prof: Profile, naive: bool = False) -> Analysis:
                     kernels_outside_ranges=outside, ranges=n, notes=notes, path=prof.path,
                     devices=list(prof.devices), time_source="cpu" if prof.cpu_times else "device",
                     op_ranges=op_ranges,
-                    kernel_groups=_kernel_groups(k, kdur, inner, in_range, op_of, is_op, flops))
+                    kernel_groups=_kernel_groups(k, kdur, inner, in_range, op_of, is_op, flops),
+                    inductor=inductor, time_rows=time_rows, time_shares=time_shares,
+                    kernel_ops=pd.DataFrame({
+                        "start": k["start"].to_numpy(np.int64), "name": np.asarray(k["name"], dtype=object),
+                        "owner": owner, "op": np.where(owner >= 0, packets[name_codes[np.maximum(owner, 0)]], "")
+                        if len(k) else np.zeros(0, object),
+                        "phase": np.where(owner >= 0, phase_names[np.maximum(owner, 0)], "") if len(k)
+                        else np.zeros(0, object),
+                        "flops": np.where((owner >= 0) & is_op[np.maximum(owner, 0)], flops[np.maximum(owner, 0)], -1)
+                        if len(k) else np.zeros(0, np.int64),
+                        "status": np.where(owner >= 0, STATUS[status][np.maximum(owner, 0)], "") if len(k)
+                        else np.zeros(0, object),
+                        "inductor_flop": k["kernel_flop"].to_numpy(np.float64) if "kernel_flop" in k
+                        else np.full(len(k), np.nan)}))
 
 
 def _kernel_groups(k, kdur, inner, in_range, op_of, is_op, flops) -> pd.DataFrame:
@@ -300,7 +345,7 @@ def _kernel_groups(k, kdur, inner, in_range, op_of, is_op, flops) -> pd.DataFram
     return g.groupby(["device", "stream", "kernel"], sort=False).sum().reset_index()
 
 
-def _report(packets, name_codes, phase, is_op, flops, status, naive_flops, naive, prof, notes) -> FlopReport:
+def _report(packets, name_codes, phase, is_op, flops, status, naive_flops, naive, prof, notes, inductor=None) -> FlopReport:
     if naive:
         sel = naive_flops > 0
         f = pd.DataFrame({"n": name_codes[sel], "p": phase[sel], "s": 1, "flops": naive_flops[sel], "calls": 1})
@@ -314,11 +359,17 @@ def _report(packets, name_codes, phase, is_op, flops, status, naive_flops, naive
     g["status"] = STATUS[g["s"].to_numpy()] if len(g) else np.zeros(0, object)
     g = g.drop(columns=["n", "p", "s"]).groupby(["op", "phase", "status"], sort=False)[["flops", "calls"]].sum()
     g = g.reset_index()
+    g["family"] = [formulas.op_family(o) for o in g["op"]]
+    if inductor is not None and len(inductor):  # generated kernels, counted from Inductor's own figures
+        extra = inductor.groupby(["kernel", "phase"], sort=False)[["flops", "calls"]].sum().reset_index()
+        g = pd.concat([g, pd.DataFrame({"op": extra["kernel"], "phase": extra["phase"], "status": STATUS[1],
+                                        "flops": extra["flops"], "calls": extra["calls"], "family": "inductor"})],
+                      ignore_index=True)
     g["module"] = ""
     g["dtype"] = ""
-    g["family"] = [formulas.op_family(o) for o in g["op"]]
     g["bytes"] = 0
     phases = [p for i, p in enumerate(PHASES) if (phase == i).any()]
+    phases += [p for p in (inductor["phase"].unique() if inductor is not None else []) if p not in phases]
     source = "trace" if prof.sizes_format == "kineto" else "nvtx"
     return FlopReport(frame=g, model="", estimator=f"{source}-naive" if naive else source, phases=phases or ["forward"],
                       notes=list(notes) + ["bytes are not derived (markers carry no dtype)"],

@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from .. import collector
-from . import markers, sanity
+from . import compiled, markers, sanity
 from .launches import LaunchIndex
 from .nesting import sort_ranges
 from .profile import Profile, ProfileError, check_path, head
@@ -43,6 +43,7 @@ LAUNCH_CATS = {"cuda_runtime", "cuda_driver"}
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 _THREAD_SHIFT = 40  # a forward thread's rank above the sequence number
 _LIMIT = 1 << 62  # times in nanoseconds, and ids, beyond this are not a trace's
+NO_FIGURES = (compiled.NAN, compiled.NAN)
 
 
 def _read_json(path: str):
@@ -138,6 +139,7 @@ def _load(path: str) -> Profile:
         skipped[why] = skipped.get(why, 0) + 1
 
     rows, launches, device = [], [], []
+    figured = []  # Inductor's launch records that carry kernel_flop / kernel_num_gb (see compiled.py)
     saw_device = False
     threads: dict = {}
     # a trace repeats a few thousand distinct calls (one layer's op, step after step): each is parsed once, keyed
@@ -181,7 +183,9 @@ def _load(path: str) -> Profile:
             gpu, stream = args.get("device", -1), args.get("stream", -1)
             device.append((start, start + dur, corr if ok else -1,  # a negative dur is the screening's to drop
                            name[:4096] if type(name) is str else str(name)[:4096],
-                           gpu if type(gpu) is int else -1, stream if type(stream) is int else -1))
+                           gpu if type(gpu) is int else -1, stream if type(stream) is int else -1,
+                           *((compiled.figure(args.get("kernel_flop")), compiled.figure(args.get("kernel_num_gb")))
+                             if "kernel_flop" in args or "kernel_num_gb" in args else NO_FIGURES)))
             continue
         name = e.get("name")
         if type(name) is not str or not name or len(name) > 4096:
@@ -213,6 +217,9 @@ def _load(path: str) -> Profile:
                 skip("op with malformed Input Dims")
         # half-open: with whole-microsecond times an op that ends as the next begins would seem to enclose it
         eid = args.get("External id", -1)  # an event's own id: two ops alike in all else are two calls
+        if "kernel_flop" in args or "kernel_num_gb" in args:
+            figured.append((threads.setdefault(thread, len(threads)), start, start + dur,
+                            compiled.figure(args.get("kernel_flop")), compiled.figure(args.get("kernel_num_gb"))))
         rows.append((start, start + max(dur - 1, 0), threads.setdefault(thread, len(threads)), name, seq, fwd_tid,
                      sizes, eid if type(eid) is int and -1 <= eid < 1 << 62 else -1, cat))
     if not rows:
@@ -231,7 +238,7 @@ def _load(path: str) -> Profile:
     if ranges.empty:
         why = "; ".join(f"{n:,} {r}" for r, n in skipped.items())
         raise ProfileError(f"{path}: no usable cpu_op events (skipped: {why})")
-    kernels = sanity.screen_kernels(_kernels(device, launches, skipped), skipped)
+    kernels = sanity.screen_kernels(_kernels(device, launches, skipped, figured), skipped)
     devices = [str(d.get("name", "")) for d in meta.get("deviceProperties", []) or [] if isinstance(d, dict)]
     notes = ["no device activity in this trace: each op's time is its own CPU time"] if not saw_device else []
     zero, nodes = sanity.zero_length(ranges, markers.is_backward_node)
@@ -265,9 +272,10 @@ def _keyed_seq(r: pd.DataFrame) -> np.ndarray:
     return out
 
 
-def _kernels(device, launches, skipped) -> pd.DataFrame:
-    """Device activity with the thread (its code) and time of the launch of the same correlation id (the first)."""
-    start, end, corr, name, gpu, stream = (list(c) for c in zip(*device)) if device else ([],) * 6
+def _kernels(device, launches, skipped, figured=()) -> pd.DataFrame:
+    """Device activity with the thread (its code) and time of the launch of the same correlation id (the first),
+    and Inductor's kernel_flop / kernel_num_gb (NaN where neither the kernel nor its launch record has them)."""
+    start, end, corr, name, gpu, stream, kflop, kgb = (list(c) for c in zip(*device)) if device else ([],) * 8
     k = pd.DataFrame({"start": np.array(start, np.int64), "end": np.array(end, np.int64),
                       "corr": np.array(corr, np.int64), "device": np.array(gpu, np.int64),
                       "stream": np.array(stream, np.int64)})
@@ -281,5 +289,7 @@ def _kernels(device, launches, skipped) -> pd.DataFrame:
         k["launch_tid"] = np.full(len(k), -1, np.int64)
         k["launch_start"] = np.full(len(k), -1, np.int64)
     k["name"] = pd.Categorical(np.array(name, dtype=object))
-    return k[["start", "end", "launch_tid", "launch_start", "name", "device", "stream"]]
+    k["kernel_flop"], k["kernel_num_gb"] = np.array(kflop, np.float64), np.array(kgb, np.float64)
+    k = compiled.fill_from_launch_records(k, list(figured))
+    return k[["start", "end", "launch_tid", "launch_start", "name", "device", "stream", "kernel_flop", "kernel_num_gb"]]
 

@@ -26,6 +26,7 @@ from typing import Optional, Tuple
 import torch
 
 from .. import formulas
+from ..formulas import roles
 from ..errors import reason
 
 
@@ -216,21 +217,23 @@ def _infer(name: str, bound: dict, ctx: Context, known=frozenset()):
     returns out_shape."""
     out = ctx.out[0] if ctx.out else None
     base = name.split("::")[-1]
-    if base in ("convolution", "_convolution", "mkldnn_convolution", "cudnn_convolution", "miopen_convolution",
-                "cudnn_convolution_relu", "cudnn_convolution_add_relu", "miopen_depthwise_convolution"):
-        if out is None:
-            raise CannotDerive("output size unknown (no backward node linked to this convolution)")
+    kind = roles.role(name)  # the formula table says which rule an op follows; no op list is kept here
+    if kind == "conv":
         if "transposed" not in known:
             bound["transposed"] = False
         x, w = bound.get("input", bound.get("self")), bound.get("weight")
         if "groups" not in known and x is not None and w is not None and len(w) > 1 and w[1]:
             bound["groups"] = x[1] // w[1]
+        if out is None:
+            out = _conv_out(bound, known)
+        if out is None:
+            raise CannotDerive("output size unknown (no backward node linked to this convolution)")
         return torch.Size(out)
-    if base in ("cudnn_convolution_transpose", "miopen_convolution_transpose"):
+    if kind == "conv_transpose":
         if out is None:
             raise CannotDerive("output size unknown (no backward node linked to this transposed convolution)")
         return torch.Size(out)
-    if base == "convolution_backward":
+    if kind == "conv_backward":
         x, w = bound["input"], bound["weight"]
         has_bias = bool(ctx.forward_has_bias)
         guess = {"bias_sizes": [w[0]] if has_bias else None, "transposed": False,
@@ -238,28 +241,26 @@ def _infer(name: str, bound: dict, ctx: Context, known=frozenset()):
                  "output_mask": [ctx.input_needs_grad, True, has_bias]}
         bound.update({k: v for k, v in guess.items() if k not in known})
         return None
-    if base in ("max_pool2d_with_indices", "max_pool2d", "max_pool1d", "max_pool3d", "max_pool1d_with_indices",
-                "max_pool3d_with_indices"):
+    if kind == "max_pool":
         if out is None:
             raise CannotDerive("output size unknown (no backward node linked to this max-pool)")
         if "kernel_size" not in known:
             bound["kernel_size"] = _pool_window(bound["self"], out)
         return torch.Size(out)
-    if "attention" in base:
+    if kind == "attention":
         # an undefined bias is recorded as ``[]``, like a 0-dim tensor, which no attention bias is
         for k in ("attn_bias", "bias"):
             if bound.get(k) == torch.Size([]) and k not in known:
                 bound[k] = None
-    if base in ("native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm") and "training" not in known:
+    if kind == "batch_norm" and "training" not in known:
         # training when autograd linked a backward node to it (a training step), as eval-mode ops make none
         bound["training"] = ctx.linked
-    if base == "native_batch_norm_backward":
+    if kind == "batch_norm_backward":
         sm = bound.get("save_mean")
         has_w = bound.get("weight") is not None and len(bound["weight"]) > 0
         guess = {"train": sm is not None and numel_or0(sm) > 0, "output_mask": [True, has_w, has_w]}
         bound.update({k: v for k, v in guess.items() if k not in known})
-    if base in ("native_layer_norm_backward", "native_group_norm_backward", "_fused_rms_norm_backward") and \
-            "output_mask" not in known:
+    if kind == "norm_backward" and "output_mask" not in known:
         # grad_input unless the norm saw the step's input; weight and bias gradients where they exist
         has = [bound.get(k) is not None and len(bound[k]) > 0 for k in ("weight", "bias")]
         bound["output_mask"] = [ctx.input_needs_grad, has[0], has[1] if base != "_fused_rms_norm_backward" else False]
@@ -269,6 +270,37 @@ def _infer(name: str, bound: dict, ctx: Context, known=frozenset()):
     if name.endswith("_") and tensors:
         return tensors[0]
     return _broadcast(tensors) if tensors else None
+
+
+def _conv_out(bound, known):
+    """A convolution's output size from its recorded stride, padding and dilation (a trace's Concrete Inputs:
+    inside a compiled graph no backward node is linked to it); None where any of them was not recorded."""
+    if not {"stride", "padding", "dilation"} <= set(known) or bound.get("transposed"):
+        return None
+    x, w = bound.get("input", bound.get("self")), bound.get("weight")
+    if x is None or w is None or len(x) != len(w) or len(x) < 3:
+        return None
+    dims = len(x) - 2
+    try:
+        s, p, d = (_per_dim(bound[k], dims) for k in ("stride", "padding", "dilation"))
+    except (TypeError, ValueError, KeyError):
+        return None
+    if any(si <= 0 for si in s) or any(di <= 0 for di in d):
+        return None
+    spatial = [(i + 2 * pi - di * (k - 1) - 1) // si + 1 for i, k, si, pi, di in zip(x[2:], w[2:], s, p, d)]
+    if any(o <= 0 for o in spatial):
+        return None
+    return (x[0], w[0], *spatial)
+
+
+def _per_dim(v, dims: int) -> list:
+    """An int-list argument (one value for every dimension, or one per dimension) as one int per dimension."""
+    v = [v] if isinstance(v, int) else list(v)
+    if len(v) == 1:
+        v = v * dims
+    if len(v) != dims or not all(isinstance(e, int) and not isinstance(e, bool) for e in v):
+        raise ValueError("not one int per dimension")
+    return v
 
 
 def _pool_window(x, out):

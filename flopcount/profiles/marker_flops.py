@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from .. import formulas
+from ..formulas import roles
 from ..report import COUNTED, UNCOUNTED, ZERO
 from . import markers
 from .marker_args import ATTENTION_NOTE, POOL_NOTE, SCALE_NOTE, Context, derive
@@ -242,7 +243,7 @@ def op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, fmt, no
     status[is_op & ~formula & ~zero] = _UNCOUNTED
 
     op_names = set(np.asarray(name_cats, dtype=object)[np.flatnonzero(np.bincount(name_codes[is_op], minlength=len(name_cats)))].tolist()) if n else set()
-    if any(markers.packet(x).startswith("aten.max_pool") for x in op_names):
+    if any(roles.role(markers.packet(x)) == "max_pool" for x in op_names if markers.is_aten(x)):
         notes.append(POOL_NOTE)
     if fmt == "nvtx" and any(formulas.op_family(markers.packet(x)) == "attention" for x in op_names):
         notes.append(ATTENTION_NOTE)

@@ -1,0 +1,175 @@
+"""Compiled regions and generated kernels of a profile: Inductor's own per-kernel FLOPs, and where the time went.
+
+torch.compile runs a graph as one autograd function: its forward is a range named ``CompiledFunction`` and its
+backward a node ``CompiledFunctionBackward`` (Dynamo also marks ``Torch-Compiled Region: 0/0`` and Inductor
+``## Call CompiledFxGraph ... ##``). Inside, most of the work is kernels Inductor generated (Triton on a GPU, C++
+on the CPU), which are no aten op, so the formula table cannot price them; the matmuls and convolutions it hands
+to libraries (``extern_kernels.mm``) still appear as aten ops and are counted as usual.
+
+Inductor can price its kernels itself: with ``config.benchmark_kernel`` it stores ``kernel_flop`` and
+``kernel_num_gb`` in a kernel's ``inductor_meta`` (``torch/_inductor/codegen/triton.py``,
+``TritonKernel.codegen_kernel``; templates in ``select_algorithm.py``), and the launcher passes them as the
+arguments of the ``record_function`` it opens around each launch, named after the kernel
+(``torch/_inductor/runtime/triton_heuristics.py``, ``CachingAutotuner.get_profiler_kwargs``): in a trace, a
+``cpu_op`` event with ``args.kernel_flop`` and ``args.kernel_num_gb`` enclosing the runtime launch.
+``torch._inductor.analysis.profile_analysis`` (``_augment_trace_helper``) copies such figures onto the ``kernel``
+events of the device. A kernel carrying them is counted from them, once, in the phase of the range it was
+launched in (``CompiledFunctionBackward`` is a backward node).
+
+Everything else is accounted for by time: each kernel's device time (each op's CPU time in a trace without
+device activity) is *counted* (its op has FLOPs), *zero* (its op is declared zero-FLOP) or *uncounted* (its op
+has no formula, or it was launched by no aten op: a compiled region's generated code, an extension's op such as
+fbgemm's embedding lookups, a fused optimizer launched from Python, a collective), and the uncounted time is
+listed by what launched it, a compiled region's kernels under the region's name.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .nesting import innermost, nest
+
+REGION_PREFIXES = ("CompiledFunction", "Torch-Compiled Region", "## Call CompiledFxGraph", "CompiledFxGraph")
+FIGURES = ("kernel_flop", "kernel_num_gb")
+COUNTED, ZERO, UNCOUNTED = "counted", "zero", "uncounted"
+OUTSIDE = "(launched outside every range)"
+NAN = float("nan")
+GENERATED = " (generated code: time outside its aten ops)"
+
+
+def is_region(name: str) -> bool:
+    return name.startswith(REGION_PREFIXES)
+
+
+def figure(value) -> float:
+    """A recorded ``kernel_flop`` / ``kernel_num_gb`` as a float, NaN where absent or not a finite, non-negative
+    number (Inductor writes 0 where it could not estimate; that is absent too, as profile_analysis reads it)."""
+    if type(value) not in (int, float) or not 0 < value < 2.0 ** 62:  # NaN fails the comparison too
+        return NAN
+    return float(value)
+
+
+def fill_from_launch_records(kernels: pd.DataFrame, records) -> pd.DataFrame:
+    """Give each kernel still without figures those of the Inductor launch record enclosing its launch (same
+    thread); ``records``: (thread code, start ns, end ns, kernel_flop, kernel_num_gb) tuples."""
+    for col in FIGURES:
+        if col not in kernels:
+            kernels[col] = np.full(len(kernels), np.nan)
+    if not records or kernels.empty:
+        return kernels
+    tid, start, end, flop, gb = (np.array(c) for c in zip(*records))
+    order = np.lexsort((-end, start, tid))
+    rec = pd.DataFrame({"start": start[order].astype(np.int64), "end": end[order].astype(np.int64),
+                        "tid": tid[order].astype(np.int64)})
+    at = innermost(nest(rec), kernels["launch_tid"].to_numpy(np.int64), kernels["launch_start"].to_numpy(np.int64))
+    hit = (at >= 0) & (kernels["launch_tid"].to_numpy() >= 0)
+    for col, vals in zip(FIGURES, (flop[order], gb[order])):
+        cur = kernels[col].to_numpy(np.float64).copy()
+        take = hit & np.isnan(cur)
+        cur[take] = vals.astype(np.float64)[at[take]]
+        kernels[col] = cur
+    return kernels
+
+
+def region_of(names: np.ndarray, parent: np.ndarray, by_level) -> np.ndarray:
+    """Per range, the outermost compiled region on its path (itself if it is one), -1 where none."""
+    own = np.where(np.array([is_region(str(u)) for u in names], dtype=bool) if len(names) else np.zeros(0, bool),
+                   np.arange(len(names)), -1)
+    out = own.copy()
+    for idx in by_level[1:]:
+        p = parent[idx]
+        up = np.where(p >= 0, out[np.maximum(p, 0)], -1)
+        out[idx] = np.where(up >= 0, up, out[idx])
+    return out
+
+
+def account(*, names, phases, is_op, flops, status, region, kernels, kdur, owner, cpu_times, start, end, tids):
+    """(inductor rows, time rows, shares).
+
+    ``names``/``phases`` per range (text), ``flops`` (-1 not derived) and ``status`` (counted/zero/uncounted/'')
+    per range; ``owner`` per kernel: the range it is charged to (-1: outside every range). Inductor rows: one per
+    (kernel name, phase, region) with launches, FLOPs, GB and device seconds. Time rows: one per (what, phase,
+    status) with calls, kernels and seconds; ``shares``: the share of all time per status."""
+    n_k = len(kdur)
+    kflop = kernels["kernel_flop"].to_numpy(np.float64) if "kernel_flop" in kernels else np.full(n_k, np.nan)
+    kgb = kernels["kernel_num_gb"].to_numpy(np.float64) if "kernel_num_gb" in kernels else np.full(n_k, np.nan)
+    fig = ~np.isnan(kflop)
+    own_phase = np.where(owner >= 0, phases[np.maximum(owner, 0)], "forward") if n_k else np.zeros(0, object)
+    reg = np.where(owner >= 0, region[np.maximum(owner, 0)], -1) if n_k else np.zeros(0, np.int64)
+    reg_name = np.where(reg >= 0, names[np.maximum(reg, 0)], "") if n_k else np.zeros(0, object)
+    kname = np.asarray(kernels["name"], dtype=object) if n_k else np.zeros(0, object)
+    if fig.any():
+        inductor = _sum_by({"kernel": kname[fig], "phase": own_phase[fig], "region": reg_name[fig]},
+                           {"calls": np.ones(int(fig.sum()), np.int64), "flops": kflop[fig],
+                            "gb": np.nan_to_num(kgb[fig]), "gpu_s": kdur[fig] / 1e9})
+        inductor["flops"] = inductor["flops"].round().astype(np.int64)
+    else:
+        inductor = pd.DataFrame(columns=["kernel", "phase", "region", "calls", "flops", "gb", "gpu_s"])
+
+    op_status = np.where(status == COUNTED, np.where(flops > 0, COUNTED, ZERO), status)
+    op_status = np.where(op_status == "", UNCOUNTED, op_status)
+    if cpu_times:
+        rows = _cpu_rows(names, phases, is_op, op_status, region, start, end, tids)
+    else:
+        safe = np.maximum(owner, 0)
+        st = np.where((owner >= 0) & is_op[safe], op_status[safe], UNCOUNTED) if n_k else np.zeros(0, object)
+        st = np.where(fig, COUNTED, st)
+        what = np.where(owner >= 0, names[safe], OUTSIDE) if n_k else np.zeros(0, object)
+        # a compiled region's own kernels are listed under the region, whichever record launched them; a call is
+        # one range that launched the kernels (the region, for those)
+        listed = (reg >= 0) & ~is_op[safe] & (st == UNCOUNTED) if n_k else np.zeros(0, bool)
+        what = np.where(listed, reg_name, what)
+        caller = np.where(listed, reg, owner)
+        rows = _sum_by({"what": what, "phase": own_phase, "status": st},
+                       {"kernels": np.ones(n_k, np.int64), "seconds": kdur / 1e9}, calls=caller)
+    secs = rows["seconds"].to_numpy(np.float64)
+    status_of = np.asarray(rows["status"], dtype=object)
+    total = float(secs.sum())
+    rows["share"] = secs / total if total > 0 else np.nan
+    shares = {s: float(secs[status_of == s].sum()) / total if total > 0 else float("nan")
+              for s in (COUNTED, ZERO, UNCOUNTED)}
+    order = np.lexsort((-secs, status_of.astype(str)))
+    rows = rows.iloc[order].reset_index(drop=True)
+    return inductor, rows, shares
+
+
+def _sum_by(keys: dict, sums: dict, calls=None) -> pd.DataFrame:
+    """Sums of ``sums`` per distinct combination of ``keys`` (text arrays), and with ``calls`` (an id per row, -1
+    for none), the number of distinct ids per combination; without pandas' per-group machinery, which costs more
+    than the rest of a small trace's analysis."""
+    n = len(next(iter(sums.values())))
+    key = np.zeros(n, np.int64)
+    for col in keys.values():
+        code, uniq = pd.factorize(np.asarray(col, dtype=object))
+        key = key * max(len(uniq), 1) + code
+    code, _ = pd.factorize(key)
+    groups = int(code.max()) + 1 if n else 0
+    first = np.full(groups, n, np.int64)
+    np.minimum.at(first, code, np.arange(n))
+    out = pd.DataFrame({k: np.asarray(v, dtype=object)[first] for k, v in keys.items()})
+    for k, v in sums.items():
+        out[k] = np.bincount(code, weights=v, minlength=groups) if v.dtype.kind == "f" else \
+            np.bincount(code, weights=v, minlength=groups).round().astype(np.int64)
+    if calls is not None:
+        pairs = np.unique(np.stack([code, np.asarray(calls, np.int64)]), axis=1) if n else np.zeros((2, 0), np.int64)
+        pairs = pairs[:, pairs[1] >= 0]
+        out.insert(len(keys), "calls", np.bincount(pairs[0], minlength=groups).astype(np.int64))
+    return out
+
+
+def _cpu_rows(names, phases, is_op, op_status, region, start, end, tids):
+    """A trace without device activity: each op its own CPU time; a compiled region's time outside its aten ops
+    is its generated code's (Inductor's C++ kernels run inline, unrecorded), uncounted."""
+    dur = (end - start).astype(np.float64)
+    what, phase, st, secs = [names[is_op]], [phases[is_op]], [op_status[is_op]], [dur[is_op] / 1e9]
+    regions = np.flatnonzero(region == np.arange(len(region)))
+    if len(regions):
+        inside = np.bincount(region[is_op & (region >= 0)], weights=dur[is_op & (region >= 0)],
+                             minlength=len(region))[regions]
+        what.append(np.array([str(names[i]) + GENERATED for i in regions], dtype=object))
+        phase.append(phases[regions])
+        st.append(np.full(len(regions), UNCOUNTED, dtype=object))
+        secs.append(np.maximum(dur[regions] - inside, 0) / 1e9)
+    what, phase, st, secs = (np.concatenate(x) for x in (what, phase, st, secs))
+    return _sum_by({"what": what, "phase": phase, "status": st},
+                   {"kernels": np.zeros(len(secs), np.int64), "seconds": secs}, calls=np.arange(len(secs)))
