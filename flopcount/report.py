@@ -27,6 +27,47 @@ OWN = "(own)"
 _NOT_SERIALIZED = ("params", "module_types", "module_outputs")
 
 
+def _frame_of_columns(rows: list) -> Optional[pd.DataFrame]:
+    """The frame of ``rows`` built column by column, a few times faster than from a list of dicts (a count's
+    set-up cost on a small model): only where it is the same frame, every row with the columns ``COLUMNS`` in
+    that order, strings where they hold strings and integers of int64 where they hold numbers; else None."""
+    import numpy as np
+
+    if not rows or list(rows[0]) != COLUMNS:
+        return None
+    keys = rows[0].keys()
+    if not all(r.keys() == keys for r in rows):
+        return None
+    data = {}
+    for col in COLUMNS:
+        values = [r[col] for r in rows]
+        if col in _INT_COLUMNS:
+            if not all(type(v) is int and -_INT64 <= v < _INT64 for v in values):
+                return None
+            data[col] = np.array(values, dtype=np.int64)
+        else:
+            if not all(type(v) is str for v in values):
+                return None
+            data[col] = values
+    return pd.DataFrame(data)
+
+
+_INT64 = 2**63
+# pandas 3 copies a frame's data only when one of its copies is written to: a shallow copy is a copy there
+_COPY_ON_WRITE = int(pd.__version__.split(".")[0]) >= 3
+
+
+def _in_order(frame: pd.DataFrame) -> bool:
+    """Whether ``frame`` has the columns ``COLUMNS`` and no other, in that order, its numbers as int64, and the
+    index 0..n-1."""
+    index = frame.index
+    if list(frame.columns) != COLUMNS or not isinstance(index, pd.RangeIndex) or index.start != 0 \
+            or index.step != 1:
+        return False
+    dtypes = frame.dtypes
+    return all(dtypes[col] == "int64" for col in _INT_COLUMNS)
+
+
 @dataclass
 class FlopReport:
     """Rows in ``frame`` (columns ``COLUMNS``; estimators may add more, e.g. ``native`` or ``seconds``).
@@ -49,6 +90,10 @@ class FlopReport:
 
     def __post_init__(self):
         frame = self.frame
+        self.phases = tuple(self.phases)
+        if _in_order(frame):  # what the rest would make of it, at less cost: the same frame, as a new one
+            self.frame = frame.copy(deep=not _COPY_ON_WRITE)
+            return
         for col in COLUMNS:
             if col not in frame.columns:
                 frame[col] = 0 if col in _INT_COLUMNS else ""
@@ -56,11 +101,13 @@ class FlopReport:
             frame[col] = frame[col].astype("int64")
         extra = [c for c in frame.columns if c not in COLUMNS]
         self.frame = frame[COLUMNS + extra].reset_index(drop=True)
-        self.phases = tuple(self.phases)
 
     @classmethod
     def from_rows(cls, rows: Iterable[dict], **meta) -> "FlopReport":
-        frame = pd.DataFrame(list(rows))
+        rows = list(rows)
+        frame = _frame_of_columns(rows)
+        if frame is None:
+            frame = pd.DataFrame(rows)
         if frame.empty:
             frame = pd.DataFrame(columns=COLUMNS)
         return cls(frame=frame, **meta)

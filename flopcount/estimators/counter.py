@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from contextlib import contextmanager
-from typing import Any, Dict, Optional
+from typing import Dict, Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -22,12 +22,8 @@ from ..report import COUNTED, UNCOUNTED, ZERO
 from . import memo
 from .kernels import call_simulated
 from .known_values import note as note_values
-from .ops import (OpInfo as _OpInfo, _compute_dtype_ref, _dtype_name, _tensor_bytes, _to_shapes, shape_label)
+from .ops import OpInfo, _compute_dtype_ref, _dtype_name, _tensor_bytes, _to_shapes, op_info, shape_label
 
-# matrix products and convolutions whose real kernels require one dtype for every operand (below autocast, which
-# has already cast them where it is on)
-_SAME_DTYPE = frozenset(getattr(torch.ops.aten, n) for n in ("mm", "addmm", "bmm", "baddbmm", "addmv", "mv", "dot",
-                                                                "convolution"))
 _get_sequence_nr = torch._C._autograd._get_sequence_nr
 _current_node = torch._C._current_autograd_node
 _NO_SEQUENCE = 2**64 - 1  # AccumulateGrad nodes carry no sequence number
@@ -71,7 +67,7 @@ class _Counter(TorchDispatchMode):
         self.checkpointing: set = set()  # modules that checkpoint their forward (transformers layers)
         self.rows: Dict[tuple, list] = defaultdict(lambda: [0, 0, 0])
         self.errors: Dict[str, str] = {}
-        self._ops: Dict[Any, _OpInfo] = {}
+        self._ops: Dict[int, OpInfo] = {}  # the OpInfos this count has checked
         self._seq_owner: Dict[int, str] = {}
         self._next_seq = _get_sequence_nr()  # the first autograd node not yet tagged
         self._param_owner = param_owner
@@ -136,8 +132,8 @@ class _Counter(TorchDispatchMode):
         tick()
         info = self._ops.get(id(func))  # an op lives as long as the process; its id hashes faster than the op
         if info is None:
-            info = self._ops[id(func)] = _OpInfo(func)
-        if self.simulated and func.overloadpacket in _SAME_DTYPE:
+            info = self._ops[id(func)] = op_info(func)
+        if self.simulated and info.same_dtype:
             kinds = {a.dtype for a in args if isinstance(a, torch.Tensor)}
             if len(kinds) > 1:  # the CPU and CUDA kernels refuse this; the meta kernels let it through
                 raise RuntimeError(f"{info.name}: operands of different dtypes "
@@ -152,7 +148,7 @@ class _Counter(TorchDispatchMode):
             out = known.make(args)
         else:
             try:
-                out = call_simulated(func, args, kwargs) if self.simulated else func(*args, **kwargs)
+                out = call_simulated(func, args, kwargs) if self.simulated and info.routed else func(*args, **kwargs)
             except Exception:
                 if self.simulated:
                     self.needs_values = info.name
@@ -223,7 +219,7 @@ class _Counter(TorchDispatchMode):
         if self.memo is not None:
             self.memo.hits += len(ops)
 
-    def _count(self, info: _OpInfo, args, kwargs, out) -> tuple:
+    def _count(self, info: OpInfo, args, kwargs, out) -> tuple:
         """(FLOPs, bytes, the dtype it computes in, status, bytes of its outputs) of one call."""
         ref = _compute_dtype_ref(args, out)
         dtype = _dtype_name(ref.dtype) if ref is not None else ""

@@ -107,10 +107,9 @@ def count_step(
             if device == "meta":
                 meta_extra["as"] = as_device
         else:
-            with preserved(model):
-                counter, phases, notes, used, meta_extra = _run_protected(
-                    model, inputs, name, backward=backward, loss_fn=loss_fn, device=device, optimizer=optimizer,
-                    as_device=as_device, fallback_to_cpu=fallback_to_cpu)
+            counter, phases, notes, used, meta_extra = _run_protected(
+                model, inputs, name, backward=backward, loss_fn=loss_fn, device=device, optimizer=optimizer,
+                as_device=as_device, fallback_to_cpu=fallback_to_cpu)
 
     rows = rows_of(counter)
     notes = notes + [f"formula for {op} failed: {err}" for op, err in counter.errors.items()]
@@ -124,11 +123,13 @@ def count_step(
 
 
 def _run_protected(model, inputs, name, *, backward, loss_fn, device, optimizer, as_device, fallback_to_cpu):
-    """The step on stand-ins, on meta with the CPU fallback where its forward needs values."""
+    """The step on stand-ins, on meta with the CPU fallback where its forward needs values; the caller's model is
+    given back as it was (``preserved``: each run's own, once per model it runs)."""
     meta_extra = {"device": device}
     if device != "meta":
-        counter, phases, notes, used = _run(model, inputs, backward=backward, loss_fn=loss_fn, device=device,
-                                            optimizer=optimizer, as_device=as_device)
+        with preserved(model):
+            counter, phases, notes, used = _run(model, inputs, backward=backward, loss_fn=loss_fn, device=device,
+                                                optimizer=optimizer, as_device=as_device)
     else:
         meta_extra["as"] = as_device
         needed, state = None, {}

@@ -8,31 +8,78 @@ import torch
 
 from .. import formulas
 from . import memo
+from .kernels import ROUTED
 from .known_values import follows as follows_values
 
 
+# matrix products and convolutions whose real kernels require one dtype for every operand (below autocast, which
+# has already cast them where it is on)
+_SAME_DTYPE = frozenset(f"aten.{n}" for n in ("mm", "addmm", "bmm", "baddbmm", "addmv", "mv", "dot", "convolution"))
+
+
 class OpInfo:
-    __slots__ = ("name", "formula", "zero", "family", "values", "hidden", "memo", "noted")
+    """What the counter needs to know of an op, found once per process: its name and formula, from the formula
+    tables (``formulas``), and what its schema says."""
+
+    __slots__ = ("func", "name", "formula", "zero", "family", "values", "hidden", "memo", "noted", "same_dtype",
+                 "routed")
+    made = 0  # how many were built: the work a count's set-up does (tests bound it)
 
     def __init__(self, func):
+        OpInfo.made += 1
+        self.func = func
         self.name = str(func.overloadpacket)
-        self.formula = formulas.lookup(self.name)
-        self.zero = formulas.ZERO_FLOP.get(self.name)
-        self.family = formulas.op_family(self.name)
-        self.values = self.name in formulas.VALUES
+        self._read_tables()
         # fake tensors answer ``.device`` through prim ops: bookkeeping of the simulation, not ops of the step
         self.hidden = self.name.startswith("prim.")
         self.memo = memo.kind(func)
         self.noted = follows_values(func)
+        self.same_dtype = self.name in _SAME_DTYPE
+        self.routed = func in ROUTED  # on meta, run by ``kernels.call_simulated`` instead of as it is
+
+    def _read_tables(self) -> None:
+        name = self.name
+        self.formula = formulas.lookup(name)
+        self.zero = formulas.ZERO_FLOP.get(name)
+        self.family = formulas.op_family(name)
+        self.values = name in formulas.VALUES
+
+    def current(self) -> bool:
+        """Whether the formula tables still say what they said when this was built: a formula can be registered
+        (or replaced) at any time, and the next count must use it."""
+        name = self.name
+        return (formulas.FLOP_FORMULAS.get(name) is self.formula and formulas.ZERO_FLOP.get(name) == self.zero
+                and formulas.op_family(name) == self.family and (name in formulas.VALUES) == self.values)
+
+
+# id of an op -> its OpInfo, for every count of the process: ops live as long as the process (the entry holds its
+# op, so that an id is never another op's while its entry is here)
+_INFOS: Dict[int, OpInfo] = {}
+
+
+def op_info(func) -> OpInfo:
+    """``func``'s OpInfo, built the first time the process sees it (or after its formula changed). A counter asks
+    once per op per count, and keeps the answer for the rest of its count."""
+    info = _INFOS.get(id(func))
+    if info is None or info.func is not func:
+        info = _INFOS[id(func)] = OpInfo(func)
+    elif not info.current():
+        info._read_tables()
+    return info
+
+
+_TENSOR = torch.Tensor
+_SEQUENCES = (list, tuple)
 
 
 def _to_shapes(x):
     """Tensors -> their torch.Size, at any depth (foreach ops take lists of tensors); everything else as is."""
-    if isinstance(x, torch.Tensor):
+    if isinstance(x, _TENSOR):
         return x.shape
-    if isinstance(x, (list, tuple)) and not isinstance(x, torch.Size):
-        if any(isinstance(e, (torch.Tensor, list, tuple)) for e in x):
-            return type(x)(_to_shapes(e) for e in x)
+    if isinstance(x, _SEQUENCES) and not isinstance(x, torch.Size):
+        for e in x:  # (a loop, not any(): this runs for every argument of every op of a count)
+            if isinstance(e, (_TENSOR, list, tuple)):
+                return type(x)(_to_shapes(e) for e in x)
     return x
 
 
@@ -41,9 +88,10 @@ def _compute_dtype_ref(args, out) -> Optional[torch.Tensor]:
     a's dtype, not cond's; a float comparison yields bools but is float work), else any input, else the output."""
     first = None
     for a in args:
-        t = _first_tensor(a)
+        t = a if isinstance(a, _TENSOR) else _first_tensor(a) if isinstance(a, _SEQUENCES) else None
         if t is not None:
-            if t.dtype.is_floating_point or t.dtype.is_complex:
+            dtype = t.dtype
+            if dtype.is_floating_point or dtype.is_complex:
                 return t
             if first is None:
                 first = t
@@ -61,17 +109,23 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def _tensor_bytes(x) -> int:
-    if isinstance(x, torch.Tensor):
+    if isinstance(x, _TENSOR):
         return x.numel() * x.element_size()
-    if isinstance(x, (list, tuple)):
-        return sum(_tensor_bytes(e) for e in x)
+    if isinstance(x, _SEQUENCES):
+        n = 0
+        for e in x:
+            if isinstance(e, _TENSOR):
+                n += e.numel() * e.element_size()
+            elif isinstance(e, _SEQUENCES):
+                n += _tensor_bytes(e)
+        return n
     return 0
 
 
 def _first_tensor(x) -> Optional[torch.Tensor]:
-    if isinstance(x, torch.Tensor):
+    if isinstance(x, _TENSOR):
         return x
-    if isinstance(x, (list, tuple)):
+    if isinstance(x, _SEQUENCES):
         for e in x:
             t = _first_tensor(e)
             if t is not None:
