@@ -109,3 +109,37 @@ def test_a_report_made_from_a_frame_in_order_is_a_copy_of_it():
     pd.testing.assert_frame_equal(report.frame, frame)
     report.frame.loc[0, "flops"] = 99
     assert frame.loc[0, "flops"] == 0
+
+
+def _layouts():
+    base = torch.empty(4, 3, 5, 6)
+    return {
+        "contiguous": base,
+        "channels last": base.to(memory_format=torch.channels_last),
+        "transposed": base.transpose(1, 3),
+        "size-1 dims": torch.empty(3, 1, 1).as_strided((3, 1, 1), (1, 7, 9)),
+        "expanded": torch.empty(3, 1).expand(3, 4),
+        "sliced": base[:, :, ::2],
+        "parameter": torch.nn.Parameter(torch.empty(8, 2).t()),
+        "half": torch.empty(2, 3, dtype=torch.float16),
+    }
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+@pytest.mark.parametrize("name", list(_layouts()))
+def test_a_meta_stand_in_is_what_empty_like_makes(name, device, monkeypatch):
+    from flopcount.estimators import stand_ins
+
+    t = _layouts()[name].to(device) if name != "parameter" or device == "cpu" else \
+        torch.nn.Parameter(_layouts()[name].detach().to(device))
+    made = []
+    real = torch.empty_like
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: made.append(1) or real(*a, **k))
+    monkeypatch.setattr(stand_ins, "_STRIDES", {})
+    expected = real(t, device="meta")
+    for _ in range(3):
+        got = stand_ins.empty_meta(t)
+        assert (got.shape, got.stride(), got.dtype, got.device, got.storage_offset(), type(got)) == \
+            (expected.shape, expected.stride(), expected.dtype, expected.device, expected.storage_offset(),
+             type(expected))
+    assert len(made) == 1  # once per kind of tensor, not once per stand-in
