@@ -5,7 +5,7 @@ import json
 import numbers
 import os
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any, Dict, Iterable, Optional
 
 import pandas as pd
@@ -87,10 +87,14 @@ class FlopReport:
     phases: tuple = ("forward", "backward")
     notes: list = field(default_factory=list)
     meta: Dict[str, Any] = field(default_factory=dict)
+    # the frame was built in order (``from_rows``' column-wise path): nothing to check or to make of it
+    in_order: InitVar[bool] = False
 
-    def __post_init__(self):
+    def __post_init__(self, in_order: bool = False):
         frame = self.frame
         self.phases = tuple(self.phases)
+        if in_order:
+            return
         if _in_order(frame):  # what the rest would make of it, at less cost: the same frame, as a new one
             self.frame = frame.copy(deep=not _COPY_ON_WRITE)
             return
@@ -106,8 +110,9 @@ class FlopReport:
     def from_rows(cls, rows: Iterable[dict], **meta) -> "FlopReport":
         rows = list(rows)
         frame = _frame_of_columns(rows)
-        if frame is None:
-            frame = pd.DataFrame(rows)
+        if frame is not None:
+            return cls(frame=frame, in_order=True, **meta)
+        frame = pd.DataFrame(rows)
         if frame.empty:
             frame = pd.DataFrame(columns=COLUMNS)
         return cls(frame=frame, **meta)
