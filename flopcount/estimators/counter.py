@@ -186,15 +186,15 @@ class _Counter(TorchDispatchMode):
                     self.memo.misses += 1
         if phase == "forward" and info.zero != formulas.VIEW:
             self.written += out_bytes
-        row = (info.name, dtype, info.family, status)
-        acc = self.rows[(module,) + row[:1] + (phase,) + row[1:]]
+        acc = self.rows[(module, info.name, phase, dtype, info.family, status)]
         acc[0] += flops
         acc[1] += nbytes
         acc[2] += 1
         self.flops += flops
         self.moved += nbytes
         if self.recording is not None:
-            self.recording.append((row, flops, nbytes, out_bytes if info.zero != formulas.VIEW else 0))
+            self.recording.append(((info.name, dtype, info.family, status), flops, nbytes,
+                                   out_bytes if info.zero != formulas.VIEW else 0))
         return out
 
     # --- replayed modules (memo.linears_replayed) ---------------------------------------------------------------

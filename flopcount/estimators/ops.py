@@ -48,7 +48,7 @@ class OpInfo:
         """Whether the formula tables still say what they said when this was built: a formula can be registered
         (or replaced) at any time, and the next count must use it."""
         name = self.name
-        return (formulas.FLOP_FORMULAS.get(name) is self.formula and formulas.ZERO_FLOP.get(name) == self.zero
+        return (formulas.lookup(name) is self.formula and formulas.ZERO_FLOP.get(name) == self.zero
                 and formulas.op_family(name) == self.family and (name in formulas.VALUES) == self.values)
 
 
