@@ -20,6 +20,11 @@ How it works, and why:
 * A sharded model (FSDP2, tensor parallel: ``flopcount.distributed``) runs as it is (``AsGiven``), since its hooks
   swap its parameters during the step; DTensor ops are let through to DTensor, which unwraps them and runs its
   local ops, counted here; ops run inside ``aside()`` are not ops of the step.
+
+Where each part lives: this module runs the step (and its CPU fallback) and makes the report; ``counting.py`` sets
+the counter up around a step; ``counter.py`` is the dispatch mode and its module attribution; ``ops.py`` is what
+the counter knows of an op (built once per process) and of its arguments. A count's set-up is kept small, since
+one call on a small model is mostly set-up: see ``benchmarks/count_speed.py`` and ``tests/test_count_speed_work.py``.
 """
 from __future__ import annotations
 
@@ -205,8 +210,9 @@ class DispatchEstimator:
     """flopcount's own counter: every aten op, forward and backward (and optimizer), per module, with bytes."""
 
     name = "dispatch"
-    capabilities = Capabilities(phases=("forward", "backward", "recompute", "optimizer"), devices=("meta", "cpu", "cuda"),
-                                loss_fn=True, real_weights=False, kernels=("cpu", "cuda"))
+    capabilities = Capabilities(phases=("forward", "backward", "recompute", "optimizer"),
+                                devices=("meta", "cpu", "cuda"), loss_fn=True, real_weights=False,
+                                kernels=("cpu", "cuda"))
 
     def estimate(self, request: Request) -> FlopReport:
         return count_step(request.model, request.inputs, backward=request.backward, loss_fn=request.loss_fn,
