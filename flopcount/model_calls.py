@@ -77,7 +77,12 @@ def module_stack(model, on_change: Optional[Callable[[], None]] = None,
             h.remove()
 
 
+_EMPTY = ()  # what an empty list or dict held: most of a module's (its hooks' dicts), so none is copied
+
+
 def _shallow(v):
+    if not v:
+        return _EMPTY
     if isinstance(v, list):
         return list(v)
     if isinstance(v, dict):
@@ -108,7 +113,10 @@ def preserved(model: torch.nn.Module) -> Iterator[None]:
                     d[k] = v
             for k, c in contents.items():
                 v = attrs[k]
-                if isinstance(v, list) and (len(v) != len(c) or any(a is not b for a, b in zip(v, c))):
+                if c is _EMPTY:
+                    if v:
+                        v.clear()
+                elif isinstance(v, list) and (len(v) != len(c) or any(a is not b for a, b in zip(v, c))):
                     v[:] = c
                 elif isinstance(v, dict) and (v.keys() != c.keys() or any(v[key] is not c[key] for key in c)):
                     v.clear()

@@ -21,6 +21,30 @@ def autocast_device() -> Optional[str]:
     return None
 
 
+_META = torch.device("meta")
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+# (device type, shape, strides, dtype) of a tensor -> the strides ``torch.empty_like(t, device="meta")`` gives it:
+# for a meta tensor PyTorch finds them in Python (0.1 ms a tensor, a model's worth per count), while they follow
+# from those four alone
+_STRIDES: dict = {}
+_MOST = 4096
+
+
+def empty_meta(t: torch.Tensor) -> torch.Tensor:
+    """``torch.empty_like(t, device="meta")``, the same tensor made faster for a plain strided one seen before."""
+    if type(t) not in _PLAIN or t.layout is not torch.strided or any(getattr(t, "names", None) or ()):
+        return torch.empty_like(t, device="meta")
+    key = (t.device.type, t.shape, t.stride(), t.dtype)
+    strides = _STRIDES.get(key)
+    if strides is None:
+        m = torch.empty_like(t, device="meta")
+        if len(_STRIDES) >= _MOST:
+            _STRIDES.clear()
+        _STRIDES[key] = m.stride()
+        return m
+    return torch.empty_strided(t.shape, strides, dtype=t.dtype, device=_META)
+
+
 class StandIns:
     """Makes the tensors a count runs on: meta (empty), fake (meta data, a device's dispatch: autocast applies as
     on that device), or real (detached views of the caller's, copied where the step writes them)."""
@@ -35,7 +59,7 @@ class StandIns:
             self.fake_device = torch.device(fake_device)
 
     def _empty(self, t: torch.Tensor) -> torch.Tensor:
-        m = torch.empty_like(t, device="meta")
+        m = empty_meta(t)
         if self.mode is None:
             return m
         from torch._subclasses.fake_tensor import FakeTensor
