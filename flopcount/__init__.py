@@ -3,27 +3,54 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
+import importlib as _importlib
 import sys as _sys
+import types as _types
 
-try:
-    from . import estimators
-    from .estimators import EstimatorError, available as available_estimators, get_estimator, register_estimator
-    from .report import FlopReport
-    # A submodule import binds the submodule's name on the package. Import the submodules that share a name with
-    # a public function first, then bind the functions: a later ``import flopcount.utilization`` finds the module
-    # loaded and leaves the function in place.
-    from . import compare as _compare_module, utilization as _utilization_module  # noqa: F401
-    from .compare import compare
-    from .utilization import utilization
-    from .infer import generate_cost
-except KeyboardInterrupt:
-    # Ctrl-C in the seconds torch takes to import, from the ``flopcount`` command (or ``python -m flopcount``, whose
-    # argv[0] is "-m" while the package loads): the command's one line, not a traceback; a library caller gets
-    # its KeyboardInterrupt as ever
+# The public names load on first use (PEP 562): reading a profile (``flopcount nsys``, ``flopcount trace``) or
+# printing help imports neither torch nor the estimators, which are most of a command's start-up.
+_LAZY = {
+    "estimators": (".estimators", None), "EstimatorError": (".estimators", "EstimatorError"),
+    "available_estimators": (".estimators", "available"), "get_estimator": (".estimators", "get_estimator"),
+    "register_estimator": (".estimators", "register_estimator"), "FlopReport": (".report", "FlopReport"),
+    "compare": (".compare", "compare"), "utilization": (".utilization", "utilization"),
+    "generate_cost": (".infer", "generate_cost"),
+}
+# submodules that share their name with a public function: the function keeps the name on the package
+_SHADOWED = {"compare", "utilization"}
+
+
+def __getattr__(name):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attr = _LAZY[name]
+    try:
+        value = _importlib.import_module(module, __name__)
+    except KeyboardInterrupt:
+        _interrupted()
+        raise
+    value = value if attr is None else getattr(value, attr)
+    globals()[name] = value
+    return value
+
+
+def _interrupted():
+    # Ctrl-C in the seconds torch takes to import, from the ``flopcount`` command (or ``python -m flopcount``): the
+    # command's one line, not a traceback; a library caller gets its KeyboardInterrupt as ever
     if _sys.argv and (_sys.argv[0] == "-m" or _sys.argv[0].rpartition("/")[2] == "flopcount"):
         print("flopcount: interrupted", file=_sys.stderr)
         raise SystemExit(130) from None
-    raise
+
+
+class _Package(_types.ModuleType):
+    def __setattr__(self, name, value):
+        # importing the submodule ``flopcount.compare`` binds it on the package; the function keeps the name
+        if name in _SHADOWED and isinstance(value, _types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+_sys.modules[__name__].__class__ = _Package
 
 __version__ = "0.1.0"
 __all__ = [
@@ -51,6 +78,7 @@ def count(model, inputs, *, estimator: str = "dispatch", backward: bool = True, 
     sends. A model sharded already (``fully_shard``, ``parallelize_module``) is counted as it is.
     """
     from .api_checks import check_model
+    from .estimators import EstimatorError, get_estimator
     from .estimators.base import make_request, run
     from . import distributed
 
@@ -96,6 +124,10 @@ def eval_mode_note(model) -> Optional[str]:
         what = f"{len(off)} module(s) in eval mode ({shown})"
     return (f"{what}: counted as given, so batch norm, dropout and other layers that differ in training are counted "
             "as inference runs them; model.train() (or `flopcount count --train`) counts a training step")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def register_formula(*ops: str, family: str = "custom"):

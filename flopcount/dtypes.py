@@ -1,18 +1,18 @@
 """Floating-point dtypes by name, and the peak column (precision) each one runs at: the one table of both."""
 from __future__ import annotations
 
+import sys
 from typing import Optional
-
-import torch
 
 from .errors import FlopcountError, UnknownPeak
 
-# name (as users write it, or as torch prints it) -> torch dtype
+# name (as users write it, or as torch prints it) -> torch dtype's name; by name, so that the commands that only
+# read these tables (the CLI's choices, a device's precisions) start without importing torch
 _BY_NAME = {
-    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-    "float64": torch.float64, "fp64": torch.float64, "double": torch.float64,
+    "float32": "float32", "fp32": "float32", "float": "float32",
+    "bfloat16": "bfloat16", "bf16": "bfloat16",
+    "float16": "float16", "fp16": "float16", "half": "float16",
+    "float64": "float64", "fp64": "float64", "double": "float64",
 }
 # torch dtype name -> peak column
 _PRECISION = {
@@ -30,14 +30,17 @@ class DtypeError(FlopcountError):
     """A dtype name this toolkit does not know."""
 
 
-def parse_dtype(dtype) -> Optional[torch.dtype]:
+def parse_dtype(dtype) -> "Optional[torch.dtype]":
     """``"bf16"``, ``"torch.bfloat16"`` or ``torch.bfloat16`` -> ``torch.bfloat16``; None stays None."""
-    if dtype is None or isinstance(dtype, torch.dtype):
+    torch = sys.modules.get("torch")  # a torch dtype can only exist once torch is imported
+    if dtype is None or torch is not None and isinstance(dtype, torch.dtype):
         return dtype
     key = str(dtype).replace("torch.", "").strip().lower()
     if key not in _BY_NAME:
         raise DtypeError(f"unknown dtype {dtype!r}; use {', '.join(CHOICES)}")
-    return _BY_NAME[key]
+    import torch
+
+    return getattr(torch, _BY_NAME[key])
 
 
 def dtype_name(dtype) -> str:
@@ -53,7 +56,7 @@ def precision_of(dtype, allow_tf32: bool = False) -> str:
         prec = name
     else:
         parsed = _BY_NAME.get(name)
-        prec = _PRECISION.get(dtype_name(parsed) if parsed is not None else name)
+        prec = _PRECISION.get(parsed if parsed is not None else name)
         if prec is None:
             raise UnknownPeak(f"no floating-point peak applies to dtype {name!r}; expected float64/32/16 or bfloat16")
     return "tf32" if prec == "fp32" and allow_tf32 else prec
