@@ -44,8 +44,10 @@ sys.path.insert(0, HERE)
 from nvtx_parse import write_profile  # noqa: E402
 
 # the reader's own queries (profiles/nsys_export.py and launches.py), as it runs them on this export's schema
-RANGES_SQL = ("SELECT n.start, n.end, n.globalTid, COALESCE(COALESCE(n.text, s.value), '') FROM NVTX_EVENTS n "
-              "LEFT JOIN StringIds s ON s.id = n.textId WHERE n.eventType IN (59) AND (1)")
+RANGES_SQL = ("SELECT n.start, n.end, n.globalTid, CASE WHEN n.eventType IN (59) THEN "
+              "COALESCE(COALESCE(n.text, s.value), '') END, n.eventType IN (60) AND n.eventType NOT IN (59) "
+              "FROM NVTX_EVENTS n LEFT JOIN StringIds s ON s.id = n.textId "
+              "WHERE (n.eventType IN (59) AND (1)) OR n.eventType IN (60)")
 LAUNCH_SQL = "SELECT correlationId, globalTid, start FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE correlationId IS NOT NULL"
 KERNEL_SQL = "SELECT start, end, correlationId, globalPid, demangledName, -1, -1 FROM CUPTI_ACTIVITY_KIND_KERNEL"
 
