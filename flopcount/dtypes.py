@@ -1,14 +1,16 @@
 """Floating-point dtypes by name, and the peak column (precision) each one runs at: the one table of both."""
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Optional
 
 from .errors import FlopcountError, UnknownPeak
 
-if TYPE_CHECKING:  # torch loads where a dtype is made: the command line and the peak table read only the names here
+if TYPE_CHECKING:
     import torch
 
-# name (as users write it, or as torch prints it) -> torch's name of the dtype
+# name (as users write it, or as torch prints it) -> torch dtype's name; by name, so that the commands that only
+# read these tables (the CLI's choices, a device's precisions) start without importing torch
 _BY_NAME = {
     "float32": "float32", "fp32": "float32", "float": "float32",
     "bfloat16": "bfloat16", "bf16": "bfloat16",
@@ -31,15 +33,16 @@ class DtypeError(FlopcountError):
     """A dtype name this toolkit does not know."""
 
 
-def parse_dtype(dtype) -> Optional[torch.dtype]:
+def parse_dtype(dtype) -> "Optional[torch.dtype]":
     """``"bf16"``, ``"torch.bfloat16"`` or ``torch.bfloat16`` -> ``torch.bfloat16``; None stays None."""
-    import torch
-
-    if dtype is None or isinstance(dtype, torch.dtype):
+    torch = sys.modules.get("torch")  # a torch dtype can only exist once torch is imported
+    if dtype is None or torch is not None and isinstance(dtype, torch.dtype):
         return dtype
     key = str(dtype).replace("torch.", "").strip().lower()
     if key not in _BY_NAME:
         raise DtypeError(f"unknown dtype {dtype!r}; use {', '.join(CHOICES)}")
+    import torch
+
     return getattr(torch, _BY_NAME[key])
 
 
@@ -55,7 +58,8 @@ def precision_of(dtype, allow_tf32: bool = False) -> str:
     if name in PRECISION_DTYPE or name == "fp16_nontensor":
         prec = name
     else:
-        prec = _PRECISION.get(_BY_NAME.get(name, name))
+        parsed = _BY_NAME.get(name)
+        prec = _PRECISION.get(parsed if parsed is not None else name)
         if prec is None:
             raise UnknownPeak(f"no floating-point peak applies to dtype {name!r}; expected float64/32/16 or bfloat16")
     return "tf32" if prec == "fp32" and allow_tf32 else prec

@@ -35,6 +35,13 @@ def test_nvtx_parse_prints_its_ratios_by_wall_and_cpu():
     assert "target not judged" in out
 
 
+def test_nsys_speed_prints_cpu_ratios_against_the_loop_and_the_floor():
+    out = run_benchmark("nsys_speed.py", "--ranges", "400", "--kernels", "300", "--repeat", "1")
+    assert "generated 400 ranges and 300 kernels" in out
+    assert re.search(r"indexed per-kernel loop \(300 kernels placed\)", out), out
+    assert re.search(r"loop / flopcount: \d+\.\d\dx CPU, .* flopcount / floor: \d+\.\d\dx CPU", out), out
+
+
 def test_kineto_parse_prints_its_ratio_to_json_load():
     out = run_benchmark("kineto_parse.py", "--events", "3000", "--repeat", "1")
     assert "generated a trace of 3,000 events" in out

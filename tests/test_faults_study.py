@@ -52,7 +52,7 @@ def _study_in_child(argv, queue, start):
 
     grid.TorchBackend = lambda config: Slow()
     sys.stdout, sys.stderr = io.StringIO(), io.StringIO()
-    start.wait(timeout=120)  # both imported: the two studies start together
+    start.wait(timeout=600)  # both imported: the two studies start together (the timeout: a hang guard)
     queue.put((main(argv), sys.stderr.getvalue()))
 
 
@@ -66,7 +66,7 @@ def test_two_studies_on_one_folder_keep_both_grids(tmp_path):
              for m in ("m1", "m2")]
     for p in procs:
         p.start()
-    results = [queue.get(timeout=120) for _ in procs]
+    results = [queue.get(timeout=600) for _ in procs]  # a hang guard, not a speed limit
     for p in procs:
         p.join(timeout=30)
     assert [code for code, _ in results] == [0, 0], results

@@ -90,6 +90,38 @@ def test_real_profile_without_shapes_gives_times_not_zero_flops(capsys):
     assert "FLOPs cannot be derived" in capsys.readouterr().err
 
 
+@needs_real
+def test_start_end_ranges_are_counted_not_read(tmp_path):
+    """Start/end ranges come in the ranges' own scan only to be counted: the push/pop ranges read are the same."""
+    path = tmp_path / "se.sqlite"
+    shutil.copy(REAL, path)
+    con = sqlite3.connect(path)
+    tid = con.execute("SELECT globalTid FROM NVTX_EVENTS LIMIT 1").fetchone()[0]
+    con.executemany("INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid) VALUES (?, ?, 60, ?, ?)",
+                    [(10 + i, 1 << 40, t, tid) for i, t in enumerate(["aten::mm, seq = 1", None, "", "x" * 70])])
+    con.commit()
+    con.close()
+    before, after = load(REAL), load(path)
+    assert (before.start_end_ranges, after.start_end_ranges) == (0, 4)
+    assert after.ranges.equals(before.ranges) and after.skipped == before.skipped
+    assert any("4 start/end NVTX range(s) ignored" in n for n in analyze(after).notes)
+
+
+@needs_real
+def test_reading_and_refusing_an_export_start_without_torch(tmp_path):
+    """torch loads where ops are priced (the formula table, the aten schemas), not to read or refuse a file."""
+    code = ("import sys\nfrom flopcount.cli.main import main\ntry:\n    rc = main(sys.argv[1:])\n"
+            "except SystemExit as exc:\n    rc = exc.code\nprint('torch' in sys.modules, rc)")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    bad = tmp_path / "notes.sqlite"
+    bad.write_text("not a database")
+    for argv, want in [(["nsys", "--help"], "False 0"), (["nsys", str(bad)], "False 2"),
+                       (["nsys", str(MOCK)], "False 2"), (["trace", str(bad)], "False 2")]:
+        res = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, env=env,
+                             timeout=600)  # a hang guard, not a speed limit
+        assert res.stdout.strip().splitlines()[-1] == want, (argv, res.stdout, res.stderr)
+
+
 # --- bad files: one line, non-zero exit --------------------------------------------------------------------------
 def _bad_files(tmp_path):
     text = tmp_path / "notes.sqlite"

@@ -15,6 +15,7 @@ Exit codes, the same for every command:
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import json
 import os
@@ -225,7 +226,12 @@ def main(argv=None) -> int:
             print("flopcount: error: standard output is closed; give the command somewhere to write", file=sys.stderr)
             return EXIT_ERROR
         with one_line_warnings():
-            return _main(argv)
+            code = _main(argv)
+        if argv is None:
+            # the program's last act: what it built (torch's op registries, a profile's frames) needs no cyclic
+            # collection on the way out, which costs about a second of CPU once torch is loaded
+            gc.freeze()
+        return code
     except KeyboardInterrupt:  # a second Ctrl-C while the first one was being handled
         return _interrupted(argv)
     finally:

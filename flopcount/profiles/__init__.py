@@ -12,24 +12,39 @@ modules), or to a user's own module ranges.
 ``analyze(profile)`` takes a loaded profile of either reader. Recording a profile is ``flopcount.capture``'s, beside this package.
 """
 
+import importlib
 import os
+from typing import TYPE_CHECKING
 
-from . import dedup, kineto_trace
-from .dedup import Analysis, compare_dispatch
+from . import kineto_trace
 from .markers import Marker, parse as parse_marker
 from .nsys_export import load
 from .profile import Profile, ProfileError
 
-__all__ = ["analyze", "analyze_trace", "Analysis", "compare_dispatch", "parse_marker", "Marker", "load", "Profile", "ProfileError"]
+if TYPE_CHECKING:
+    from .dedup import Analysis
+
+__all__ = ["analyze", "analyze_trace", "Analysis", "compare_dispatch", "parse_marker", "Marker", "load", "Profile",
+           "ProfileError"]
 
 
-def analyze(profile, naive: bool = False) -> Analysis:
+def __getattr__(name):
+    # the analysis prices ops through the formula table, which needs torch: it loads when first used, so that
+    # reading a profile, or refusing one, starts without torch
+    if name in ("dedup", "Analysis", "compare_dispatch"):
+        dedup = importlib.import_module(".dedup", __name__)  # ``from . import dedup`` would ask this hook again
+        return dedup if name == "dedup" else getattr(dedup, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def analyze(profile, naive: bool = False) -> "Analysis":
     """:func:`dedup.analyze` of a loaded profile, or of the Nsight export at a path."""
     if not isinstance(profile, Profile):
         profile = load(os.fspath(profile))
-    return dedup.analyze(profile, naive=naive)
+    return importlib.import_module(".dedup", __name__).analyze(profile, naive=naive)
 
 
-def analyze_trace(path, naive: bool = False) -> Analysis:
+def analyze_trace(path, naive: bool = False) -> "Analysis":
     """:func:`dedup.analyze` of the torch.profiler trace at a path."""
-    return dedup.analyze(kineto_trace.load(path), naive=naive)
+    profile = kineto_trace.load(path)
+    return importlib.import_module(".dedup", __name__).analyze(profile, naive=naive)

@@ -156,9 +156,16 @@ def event_type_ids(con, path: str):
 
 
 def _range_batch(b):
-    """One record batch of ranges -> (numpy columns and split markers, what it skipped)."""
+    """One record batch of ranges -> (numpy columns and split markers, what it skipped, start/end ranges in it)."""
     pa, pc, _ = arrow()
     skipped: dict = {}
+    n_start_end = 0
+    if b.num_columns > 4:
+        # start/end ranges come in the same scan only to be counted (for a note): they do not nest per thread
+        other = pc.fill_null(b.column(4), 0).to_numpy(zero_copy_only=False).astype(bool)
+        n_start_end = int(other.sum())
+        if n_start_end:
+            b = b.filter(pa.array(~other))
     (s, ok_s), (e, ok_e), (tid, ok_t) = (ints(b.column(i)) for i in range(3))
     txt = as_text(b.column(3))
     keep = np.ones(len(s), bool)
@@ -175,7 +182,7 @@ def _range_batch(b):
     count(skipped, "range with end before start", (keep & (e < s)).sum())
     keep &= e > s
     if len(txt):
-        empty = pc.fill_null(pc.equal(pc.binary_length(txt), 0), True).to_numpy(zero_copy_only=False)
+        empty = pc.fill_null(pc.equal(lengths, 0), True).to_numpy(zero_copy_only=False)
         count(skipped, "range with no text (NULL or empty): it names no op, so the op it marked is not counted",
               (keep & empty).sum())
         keep &= ~empty
@@ -183,25 +190,37 @@ def _range_batch(b):
         s, e, tid = s[keep], e[keep], tid[keep]
         txt = pc.filter(txt, pa.array(keep))
     names, seq, sizes = arrowsplit.split_arrow(txt)
-    return {"start": s, "end": e, "tid": tid, "seq": seq, "name": names, "sizes": sizes}, skipped
+    return {"start": s, "end": e, "tid": tid, "seq": seq, "name": names, "sizes": sizes}, skipped, n_start_end
 
 
-def _read_ranges(uri, path, con, push, skipped, where: str = "1"):
+def _read_ranges(uri, path, con, push, skipped, where: str = "1", start_end=(), counted=None):
     """Push/pop ranges in (tid, start, -end) order, markers split; ``where``: an SQL condition on ``NVTX_EVENTS n``
-    that a range must also meet (to leave out the ranges of a domain that does not nest with emit_nvtx's)."""
+    that a range must also meet (to leave out the ranges of a domain that does not nest with emit_nvtx's). The
+    ranges of the ``start_end`` event types are counted into ``counted["start_end"]`` by the same scan (a second
+    scan of the largest table for one number would cost a tenth of the reading) and not read."""
     cols = columns(con, "NVTX_EVENTS", path)
     # Range text is inline (`text`) or a registered string (`textId` -> StringIds); either may be absent.
     text = "COALESCE(n.text, s.value)" if {"text", "textId"} <= cols else ("n.text" if "text" in cols else "s.value")
     join = "LEFT JOIN StringIds s ON s.id = n.textId" if "textId" in cols else ""
-    sql = (f"SELECT n.start, n.end, n.globalTid, COALESCE({text}, '') FROM NVTX_EVENTS n {join} "
-           f"WHERE n.eventType IN ({','.join(map(str, push))}) AND ({where})")
+    push_ids = ",".join(map(str, push))
+    if start_end:
+        other = ",".join(map(str, start_end))
+        sql = (f"SELECT n.start, n.end, n.globalTid, CASE WHEN n.eventType IN ({push_ids}) THEN COALESCE({text}, '') "
+               f"END, n.eventType IN ({other}) AND n.eventType NOT IN ({push_ids}) FROM NVTX_EVENTS n {join} "
+               f"WHERE (n.eventType IN ({push_ids}) AND ({where})) OR n.eventType IN ({other})")
+    else:
+        sql = (f"SELECT n.start, n.end, n.globalTid, COALESCE({text}, '') FROM NVTX_EVENTS n {join} "
+               f"WHERE n.eventType IN ({push_ids}) AND ({where})")
+    n_start_end = 0
     out = Growing([np.int64, np.int64, np.int64, np.int32, np.int32, np.int32],
                   row_bound(uri, "NVTX_EVENTS", os.path.getsize(path)))
     names, sizes = arrowsplit.Dictionary(), arrowsplit.Dictionary()
     threads: dict = {}
 
     def keep(result):
-        d, sk = result
+        nonlocal n_start_end
+        d, sk, n_se = result
+        n_start_end += n_se
         for reason, n in sk.items():
             count(skipped, reason, n)
         codes, uniq = pd.factorize(d["tid"])
@@ -219,6 +238,8 @@ def _read_ranges(uri, path, con, push, skipped, where: str = "1"):
             pending.append(pool.submit(_range_batch, b))
         while pending:
             keep(pending.popleft().result())
+    if counted is not None:
+        counted["start_end"] = n_start_end
     start, end, seq, thread, name, size = out.columns()
     values = np.array(sorted(threads), np.int64)
     rank = np.empty(len(values), np.int32)
@@ -339,20 +360,15 @@ def load(path) -> Profile:
         kskipped: dict = {}
 
         def side():
-            kernels = read_kernels(uri, path, kskipped, lambda ids: _strings(uri, path, ids),
-                                   lambda table: row_bound(uri, table, os.path.getsize(path)), placed=placed)
-            side_con = _side_connection(uri)
-            try:  # a full scan of the table, for one note: on this thread, beside the ranges
-                n = query(side_con, "SELECT count(*) FROM NVTX_EVENTS WHERE eventType IN "
-                                     f"({','.join(map(str, start_end))})", path)[0][0]
-            finally:
-                side_con.close()
-            return kernels, n
+            return read_kernels(uri, path, kskipped, lambda ids: _strings(uri, path, ids),
+                                lambda table: row_bound(uri, table, os.path.getsize(path)), placed=placed)
 
+        counted: dict = {}
         with ThreadPoolExecutor(max_workers=1) as pool:
             kfuture = pool.submit(side)
-            ranges = _read_ranges(uri, path, con, push, skipped, not_annotation)
-            kernels, n_start_end = kfuture.result()
+            ranges = _read_ranges(uri, path, con, push, skipped, not_annotation, start_end, counted)
+            kernels = kfuture.result()
+        n_start_end = counted.get("start_end", 0)
         for reason, n in kskipped.items():
             count(skipped, reason, n)
         ranges = sanity.screen_ranges(ranges, skipped)
