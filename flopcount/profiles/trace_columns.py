@@ -123,6 +123,10 @@ def _get(name: str, items) -> list:
 
 
 def _type_codes(values: list) -> np.ndarray:
+    """INT, FLOAT, NONE or 0 per value; a column of one type (the common case) is settled by one set."""
+    types = set(map(type, values))
+    if len(types) == 1:
+        return np.full(len(values), _TYPE.get(types.pop(), 0), np.int8)
     return np.fromiter(map(_TYPE.get, map(type, values), repeat(0)), np.int8, len(values))
 
 
@@ -163,7 +167,7 @@ def _columns(events: list, schema: str, devices: list) -> R.Decoded:
     ok = ok_ts & ok_dur & ok_thread
     skip(R.BAD_TIME, ~ok)
     args = _get("args", events)
-    if None in args:  # ``"args": null``; a missing one is None too
+    if not all(args):  # ``"args": null``, or none (a struct is never false)
         args = [a if a is not None else _NO_ARGS for a in args]
 
     ridx = np.flatnonzero(ok & ((kind == OP) | (kind == ANNOTATION)))
@@ -341,7 +345,7 @@ def _device_names(names: list) -> np.ndarray:
 
 def _codes(raws: list):
     """(a code per raw JSON text, the distinct texts) by hashing their bytes."""
-    codes, uniq = pd.factorize(np.fromiter(map(bytes, raws), object, len(raws)))
+    codes, uniq = pd.factorize(np.array(list(map(bytes, raws)), dtype=object))
     return codes.astype(np.int64), uniq
 
 
