@@ -168,10 +168,11 @@ def child(mode: str, path: str) -> dict:
                 grown_gb=(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before) / 1e9)
 
 
-def run_child(mode: str, path: str) -> dict:
+def run_child(mode: str, paths, inner: int = 1) -> list:
+    """[[run, ...] per path] of one fresh process, each path read ``inner`` times in it."""
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    res = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", mode, path], capture_output=True,
-                         text=True, env=env)
+    res = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", mode, "--inner", str(inner),
+                          *paths], capture_output=True, text=True, env=env)
     if res.returncode != 0:
         raise SystemExit(f"{mode} failed: {(res.stderr.strip().splitlines() or ['?'])[-1][:300]}")
     return json.loads(res.stdout.strip().splitlines()[-1])
@@ -182,12 +183,20 @@ def spread(values, unit="s") -> str:
 
 
 def measure(path: str, modes, repeat: int) -> dict:
-    """{mode: [run, ...]}, the modes taking turns so that a change in the machine's load falls on all alike."""
+    """{mode: [run, ...]}, each run a fresh process, the modes taking turns so that a change in the machine's load
+    falls on all alike."""
     runs = {m: [] for m in modes}
     for _ in range(repeat):
         for m in modes:
-            runs[m].append(run_child(m, path))
+            runs[m].append(run_child(m, [path])[0][0])
     return runs
+
+
+def measure_small(paths, modes, repeat: int) -> list:
+    """[{mode: [run, ...]} per path]: small files, so one fresh process per mode reads each ``repeat`` times (a
+    process's start, torch's import, costs more than reading them); peak memory is then the first run's."""
+    per_mode = {m: run_child(m, paths, repeat) for m in modes}
+    return [{m: per_mode[m][i] for m in modes} for i in range(len(paths))]
 
 
 def report(label: str, runs: dict) -> dict:
@@ -195,7 +204,7 @@ def report(label: str, runs: dict) -> dict:
     floor = runs["json"]
     cpu0 = statistics.median(r["cpu"] for r in floor)
     wall0 = statistics.median(r["wall"] for r in floor)
-    parsed = statistics.median(r["parsed_gb"] for r in floor)
+    parsed = statistics.median(r["parsed_gb"] for r in floor if "parsed_gb" in r)
     print(f"{label}: parsed size (RSS json.load's result holds) {parsed:.3f} GB; "
           f"load average {os.getloadavg()[0]:.1f}")
     print(f"  {'mode':<10} {'CPU s, median (range)':<24} {'wall s, median (range)':<24} {'peak growth GB':<15} "
@@ -204,9 +213,10 @@ def report(label: str, runs: dict) -> dict:
     for m, rs in runs.items():
         cpu = statistics.median(r["cpu"] for r in rs)
         wall = statistics.median(r["wall"] for r in rs)
-        grown = max(r["grown_gb"] for r in rs)
+        grown = max(r["grown_gb"] for r in rs if "grown_gb" in r)
         print(f"  {m:<10} {spread([r['cpu'] for r in rs]):<24} {spread([r['wall'] for r in rs]):<24} "
-              f"{grown:<15.3f} {cpu / cpu0:>8.2f} {wall / wall0:>9.2f} {grown / parsed:>11.2f}")
+              f"{grown:<15.3f} {cpu / cpu0:>8.2f} {wall / wall0:>9.2f} "
+              f"{f'{grown / parsed:.2f}' if parsed > 0.001 else '-':>11}")  # a tiny file: no RSS to speak of
         out[m] = {"cpu": cpu, "wall": wall, "grown": grown}
     first = next(iter(runs["analyze"]), None) if "analyze" in runs else None
     if first:
@@ -223,19 +233,27 @@ def main(argv=None) -> int:
     p.add_argument("--fixtures", action="store_true", help="measure the real traces of tests/fixtures/kineto too")
     p.add_argument("--reference", action="store_true", help="measure the reader's json path too (slow)")
     p.add_argument("--child", help=argparse.SUPPRESS)
-    p.add_argument("path", nargs="?", help=argparse.SUPPRESS)
+    p.add_argument("--inner", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("paths", nargs="*", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.child:
-        print(json.dumps(child(a.child, a.path)))
+        out = []
+        for path in a.paths:
+            runs = [child(a.child, path) for _ in range(a.inner)]
+            for r in runs[1:]:  # memory once the process has read the file: not a fresh measure
+                r.pop("grown_gb"), r.pop("parsed_gb", None)
+            out.append(runs)
+        print(json.dumps(out))
         return 0
     if a.events < 1000 or a.repeat < 1:
         p.error("--events must be at least 1000 and --repeat at least 1")
     modes = MODES + (("reference",) if a.reference else ())
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start")
     if a.fixtures:
-        for fx in sorted(os.listdir(os.path.join(ROOT, "tests", "fixtures", "kineto"))):
-            if fx.endswith(".json.gz"):
-                report(fx, measure(os.path.join(ROOT, "tests", "fixtures", "kineto", fx), modes, a.repeat))
+        folder = os.path.join(ROOT, "tests", "fixtures", "kineto")
+        names = sorted(f for f in os.listdir(folder) if f.endswith(".json.gz"))
+        for name, runs in zip(names, measure_small([os.path.join(folder, f) for f in names], modes, a.repeat)):
+            report(f"{name} (one process per mode, {a.repeat} reads in it)", runs)
     with tempfile.TemporaryDirectory() as tmp:
         path = a.trace or a.keep or os.path.join(tmp, "trace.json.gz")
         if a.trace:

@@ -19,6 +19,10 @@ and a backward node's by the thread its ``Fwd thread id`` names, found as the fo
 of that id's numbers (the profiler's thread numbers are not OS thread ids). A trace with no device activity (a CPU
 run) gives each op its own CPU time instead. Each range keeps its event category (``cat``: ``cpu_op`` or
 ``user_annotation``), so that only annotations, never ops or autograd nodes, can stand for modules.
+
+Reading: ``trace_columns`` decodes a well-formed trace a column at a time (msgspec, numpy); a file it cannot take
+(not JSON, a truncated gzip, ``NaN``, an event that is no object) is read through ``json`` one event at a time by
+``trace_rules``, whose error lines name what is wrong. Both apply the same rules and give the same Profile.
 """
 from __future__ import annotations
 
@@ -32,13 +36,11 @@ import pandas as pd
 
 from .. import collector
 from . import markers, sanity
+from . import trace_columns
 from .launches import LaunchIndex
 from .nesting import sort_ranges
-from . import trace_columns
 from .profile import Profile, ProfileError, check_path, head
 from .trace_rules import RANGE_CATS, THREAD_SHIFT, Decoded, decode_events, parse_value  # noqa: F401
-
-_THREAD_SHIFT = THREAD_SHIFT
 
 
 def _read_json(path: str):
@@ -136,7 +138,7 @@ def _keyed_seq(r: pd.DataFrame) -> np.ndarray:
     fwd_tid = r["fwd_tid"].to_numpy(np.int64)
     out = np.full(len(r), -1, np.int64)
     fwd = (seq >= 0) & (fwd_tid <= 0)
-    out[fwd] = (tid[fwd] << _THREAD_SHIFT) | seq[fwd]
+    out[fwd] = (tid[fwd] << THREAD_SHIFT) | seq[fwd]
     bwd = (seq >= 0) & (fwd_tid > 0)
     if bwd.any() and fwd.any():
         pairs = pd.DataFrame({"f": fwd_tid[bwd], "seq": seq[bwd]}).drop_duplicates()
@@ -146,7 +148,7 @@ def _keyed_seq(r: pd.DataFrame) -> np.ndarray:
         mapped = pd.Series(fwd_tid[bwd]).map(best).to_numpy()
         ok = ~pd.isna(mapped)
         idx = np.flatnonzero(bwd)
-        out[idx[ok]] = (mapped[ok].astype(np.int64) << _THREAD_SHIFT) | seq[idx[ok]]
+        out[idx[ok]] = (mapped[ok].astype(np.int64) << THREAD_SHIFT) | seq[idx[ok]]
     return out
 
 

@@ -84,20 +84,11 @@ def decode(path: str):
     """A Decoded of the trace at ``path``, or None where this reader cannot take the file."""
     if msgspec is None:
         return None
-    doc = _parse(path)
-    if doc is None:
+    box = [_parse(path)]  # held in a box the columns empty: the events not read are freed as soon as they can be
+    if box[0] is None or not isinstance(box[0], list) and box[0].traceEvents is None:
         return None
-    if isinstance(doc, list):
-        events, schema, props = doc, "", None
-    else:
-        if doc.traceEvents is None:
-            return None
-        events, schema, props = doc.traceEvents, doc.schemaVersion, doc.deviceProperties
-    del doc
-    props = props or []
-    devices = [str(p.get("name", "")) for p in props if isinstance(p, dict)] if isinstance(props, list) else []
     try:
-        return _columns(events, str(schema), devices)
+        return _columns(box)
     except _Irregular:
         return None
 
@@ -142,7 +133,15 @@ def _int64s(values: list, mask: np.ndarray):
         return None
 
 
-def _columns(events: list, schema: str, devices: list) -> R.Decoded:
+def _columns(box: list) -> R.Decoded:
+    doc = box.pop()
+    if isinstance(doc, list):
+        events, schema, props = doc, "", None
+    else:
+        events, schema, props = doc.traceEvents, doc.schemaVersion, doc.deviceProperties
+    del doc
+    props = props or []
+    devices = [str(p.get("name", "")) for p in props if isinstance(p, dict)] if isinstance(props, list) else []
     n = len(events)
     try:
         kind = np.fromiter(map(_KIND.get, map(attrgetter("ph", "cat"), events), repeat(0)), np.int8, n)
@@ -208,7 +207,7 @@ def _columns(events: list, schema: str, devices: list) -> R.Decoded:
     launches = {"corr": corr[lidx], "tid": code[lidx], "start": start[lidx]}
     ordered = {why: skipped[why] for why in sorted(first, key=first.get)}
     return R.Decoded(ranges=ranges, launches=launches, device=dev, skipped=ordered, saw_device=saw_device,
-                     schema_version=schema, devices=devices)
+                     schema_version=str(schema), devices=devices)
 
 
 def _kind_of(ph_cat) -> int:
@@ -357,10 +356,9 @@ def _sizes(args: list):
     tc, tu = _codes(_get("types", args))
     cc, cu = _codes(_get("concrete", args))
     combo, _ = pd.factorize(dc * max(len(tu), 1) + tc)
-    combo, first = pd.factorize(combo.astype(np.int64) * max(len(cu), 1) + cc)
-    del first
+    combo, _ = pd.factorize(combo.astype(np.int64) * max(len(cu), 1) + cc)
     at = np.zeros(combo.max() + 1 if n else 0, np.int64)
-    at[combo[::-1]] = np.arange(n - 1, -1, -1)  # the first op of each triple
+    at[combo] = np.arange(n)  # an op of each triple (any: they hold the same texts)
     texts = np.empty(len(at), object)
     bad = np.zeros(len(at), bool)
     for j, i in enumerate(at.tolist()):
