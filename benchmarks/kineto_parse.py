@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import math
 import os
 import resource
 import statistics
@@ -204,19 +205,19 @@ def report(label: str, runs: dict) -> dict:
     floor = runs["json"]
     cpu0 = statistics.median(r["cpu"] for r in floor)
     wall0 = statistics.median(r["wall"] for r in floor)
-    parsed = statistics.median(r["parsed_gb"] for r in floor if "parsed_gb" in r)
-    print(f"{label}: parsed size (RSS json.load's result holds) {parsed:.3f} GB; "
-          f"load average {os.getloadavg()[0]:.1f}")
+    parsed = statistics.median([r["parsed_gb"] for r in floor if "parsed_gb" in r] or [0.0])
+    size = f"{parsed:.3f} GB" if parsed else "not measured (the process had read a file before)"
+    print(f"{label}: parsed size (RSS json.load's result holds) {size}; load average {os.getloadavg()[0]:.1f}")
     print(f"  {'mode':<10} {'CPU s, median (range)':<24} {'wall s, median (range)':<24} {'peak growth GB':<15} "
           f"{'CPU/json':>8} {'wall/json':>9} {'peak/parsed':>11}")
     out = {"parsed": parsed}
     for m, rs in runs.items():
         cpu = statistics.median(r["cpu"] for r in rs)
         wall = statistics.median(r["wall"] for r in rs)
-        grown = max(r["grown_gb"] for r in rs if "grown_gb" in r)
+        grown = max([r["grown_gb"] for r in rs if "grown_gb" in r] or [math.nan])
         print(f"  {m:<10} {spread([r['cpu'] for r in rs]):<24} {spread([r['wall'] for r in rs]):<24} "
               f"{grown:<15.3f} {cpu / cpu0:>8.2f} {wall / wall0:>9.2f} "
-              f"{f'{grown / parsed:.2f}' if parsed > 0.001 else '-':>11}")  # a tiny file: no RSS to speak of
+              f"{f'{grown / parsed:.2f}' if parsed > 0.01 else '-':>11}")  # a tiny file: no RSS to speak of
         out[m] = {"cpu": cpu, "wall": wall, "grown": grown}
     first = next(iter(runs["analyze"]), None) if "analyze" in runs else None
     if first:
@@ -240,7 +241,7 @@ def main(argv=None) -> int:
         out = []
         for path in a.paths:
             runs = [child(a.child, path) for _ in range(a.inner)]
-            for r in runs[1:]:  # memory once the process has read the file: not a fresh measure
+            for r in runs[1:] if out == [] else runs:  # once the process has read a file, its peak is not fresh
                 r.pop("grown_gb"), r.pop("parsed_gb", None)
             out.append(runs)
         print(json.dumps(out))
