@@ -205,3 +205,15 @@ def test_amount_rule():
     assert trace_rules.amount(3) == 3.0 and trace_rules.amount(0.5) == 0.5 and trace_rules.amount(0) == 0.0
     for v in (-1, -0.5, True, "1", None, [], 10 ** 400, math.inf):
         assert math.isnan(trace_rules.amount(v)), v
+
+
+def test_a_well_formed_trace_is_decoded_once(monkeypatch):
+    def refuse(path):
+        raise AssertionError("the json path ran on a well-formed trace")
+
+    monkeypatch.setattr(kineto_trace, "_read_json", refuse)
+    decodes = []
+    real = trace_columns._parse
+    monkeypatch.setattr(trace_columns, "_parse", lambda path: decodes.append(path) or real(path))
+    assert len(kineto_trace.load(MI250).ranges) == 73
+    assert decodes == [str(MI250)]
