@@ -15,7 +15,7 @@ import pytest
 
 from flopcount.cli import main as cli
 from flopcount.profiles import analyze_trace
-from flopcount.profiles import compiled
+from flopcount.profiles import compiled, trace_rules
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -80,9 +80,9 @@ def test_cli_footer_and_json(inductor_trace, capsys):
 
 
 def test_figures_on_records_only_where_they_are_numbers():
-    assert compiled.figure(4096) == 4096.0
+    assert trace_rules.amount(4096) == 4096.0
     for bad in (0, -1, None, "12", float("nan"), float("inf"), True, 2.0 ** 63):
-        assert compiled.figure(bad) != compiled.figure(bad)  # NaN: absent
+        assert trace_rules.amount(bad) != trace_rules.amount(bad)  # NaN: absent
 
 
 @pytest.mark.skipif(not A100.exists(), reason="Kineto fixtures missing (tests/fixtures/kineto)")

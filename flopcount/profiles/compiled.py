@@ -41,23 +41,17 @@ def is_region(name: str) -> bool:
     return name.startswith(REGION_PREFIXES)
 
 
-def figure(value) -> float:
-    """A recorded ``kernel_flop`` / ``kernel_num_gb`` as a float, NaN where absent or not a finite, non-negative
-    number (Inductor writes 0 where it could not estimate; that is absent too, as profile_analysis reads it)."""
-    if type(value) not in (int, float) or not 0 < value < 2.0 ** 62:  # NaN fails the comparison too
-        return NAN
-    return float(value)
-
-
-def fill_from_launch_records(kernels: pd.DataFrame, records) -> pd.DataFrame:
+def fill_from_launch_records(kernels: pd.DataFrame, records: dict) -> pd.DataFrame:
     """Give each kernel still without figures those of the Inductor launch record enclosing its launch (same
-    thread); ``records``: (thread code, start ns, end ns, kernel_flop, kernel_num_gb) tuples."""
+    thread); ``records``: columns tid (thread code), start, end (ns), kernel_flop, kernel_num_gb (a trace's
+    ``Decoded.figured``)."""
     for col in FIGURES:
         if col not in kernels:
             kernels[col] = np.full(len(kernels), np.nan)
-    if not records or kernels.empty:
+    if not records or not len(records["tid"]) or kernels.empty:
         return kernels
-    tid, start, end, flop, gb = (np.array(c) for c in zip(*records))
+    tid, start, end = (np.asarray(records[c], np.int64) for c in ("tid", "start", "end"))
+    flop, gb = (np.asarray(records[c], np.float64) for c in FIGURES)
     order = np.lexsort((-end, start, tid))
     rec = pd.DataFrame({"start": start[order].astype(np.int64), "end": end[order].astype(np.int64),
                         "tid": tid[order].astype(np.int64)})

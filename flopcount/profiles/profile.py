@@ -64,6 +64,8 @@ class Profile:
     (tid, start, -end).
     ``kernels``: every kernel with its launching thread and launch time (``launch_tid`` is -1 where the launch
     is not in the file: a capture window that cut the runtime call off, or a launch API that was not traced).
+    A torch.profiler trace's kernels also carry ``kernel_flop`` and ``kernel_num_gb`` (float64: the counts a
+    compiled kernel's event gives in its ``args``; NaN where it gives none, or no finite number >= 0).
     ``skipped``: rows left out, by reason. ``sizes_format``: how ``sizes`` is written (``nvtx`` markers here).
     """
 
