@@ -38,7 +38,8 @@ from .outputs import check_output
 from .profiles import dedup, nsys_export
 from .profiles.annotations import read
 from .profiles.profile import ProfileError
-from .step import make_inputs, make_train_step
+from .inputs import make_inputs
+from .step import make_train_step
 
 # The child's own error line, told apart from what nsys prints around it.
 _CHILD_ERROR = "flopcount-capture-error: "

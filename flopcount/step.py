@@ -17,11 +17,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from .api_checks import check_loss
 from .errors import FlopcountError
-# The counter, the peers and the profile capture (estimators/, profiles/) take make_inputs, random_on, module_stack,
-# preserved and unwrap from here; their homes are inputs and model_calls, which this module builds on (neither
-# imports it).
-from .inputs import make_inputs, random_on  # noqa: F401
-from .model_calls import call_model, module_stack, preserved, unwrap  # noqa: F401
+from .model_calls import call_model
 
 
 # --- inputs ---------------------------------------------------------------------------------------------------------

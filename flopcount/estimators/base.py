@@ -27,7 +27,8 @@ from typing import Any, Callable, Dict, Optional, Protocol, Tuple, runtime_check
 from ..errors import FlopcountError, one_line
 from ..report import PHASES, FlopReport
 # the peers watch modules, and call the model as the step does, through these
-from ..step import batch_size_of, call_model, make_loss, module_stack  # noqa: F401
+from ..model_calls import call_model, module_stack  # noqa: F401
+from ..step import batch_size_of, make_loss
 
 ENTRY_POINT_GROUP = "flopcount.estimators"
 DEVICES = ("meta", "cpu", "cuda")
@@ -164,7 +165,7 @@ def make_request(model, inputs, *, backward: bool = True, loss_fn: Optional[Call
         raise EstimatorError(f"unknown option(s) {', '.join(sorted(unknown))}; the step's options are "
                              f"{', '.join(_OPTIONS)}")
     from ..api_checks import check_model, check_optimizer
-    from ..step import unwrap
+    from ..model_calls import unwrap
 
     check_model(model)
     check_optimizer(optimizer)

@@ -22,7 +22,7 @@ from ..report import COUNTED, UNCOUNTED, ZERO
 from . import memo
 from .kernels import call_simulated
 from .known_values import note as note_values
-from .ops import OpInfo, _compute_dtype_ref, _dtype_name, _tensor_bytes, _to_shapes, op_info, shape_label
+from .ops import OpInfo, compute_dtype_ref, cached_dtype_name, tensor_bytes, to_shapes, op_info, shape_label
 
 _get_sequence_nr = torch._C._autograd._get_sequence_nr
 _current_node = torch._C._current_autograd_node
@@ -46,7 +46,7 @@ def aside():
 FORWARD_PHASES = ("forward", "recompute", "prefill", "decode")
 
 
-class _Counter(TorchDispatchMode):
+class FlopCounter(TorchDispatchMode):
     """Accumulates (module, op, phase, dtype) -> [flops, bytes, calls]."""
 
     def __init__(self, param_owner: Dict[int, str], simulated_run: bool = False, unwrap: tuple = (),
@@ -221,8 +221,8 @@ class _Counter(TorchDispatchMode):
 
     def _count(self, info: OpInfo, args, kwargs, out) -> tuple:
         """(FLOPs, bytes, the dtype it computes in, status, bytes of its outputs) of one call."""
-        ref = _compute_dtype_ref(args, out)
-        dtype = _dtype_name(ref.dtype) if ref is not None else ""
+        ref = compute_dtype_ref(args, out)
+        dtype = cached_dtype_name(ref.dtype) if ref is not None else ""
         out_bytes = None
 
         if info.zero is not None:
@@ -230,16 +230,16 @@ class _Counter(TorchDispatchMode):
             if info.zero == formulas.VIEW:
                 nbytes = 0
             else:
-                out_bytes = _tensor_bytes(out)
-                nbytes = _tensor_bytes(args) + _tensor_bytes(kwargs) + out_bytes
+                out_bytes = tensor_bytes(out)
+                nbytes = tensor_bytes(args) + tensor_bytes(kwargs) + out_bytes
         elif info.formula is not None:
             status = COUNTED
             try:
                 if info.values:
-                    res = info.formula(*args, out_shape=_to_shapes(out), **kwargs)
+                    res = info.formula(*args, out_shape=to_shapes(out), **kwargs)
                 else:
-                    res = info.formula(*_to_shapes(args), out_shape=_to_shapes(out),
-                                       **{k: _to_shapes(v) for k, v in kwargs.items()})
+                    res = info.formula(*to_shapes(args), out_shape=to_shapes(out),
+                                       **{k: to_shapes(v) for k, v in kwargs.items()})
             except formulas.NeedsValues:
                 if self.simulated:
                     self.needs_values = info.name
@@ -255,16 +255,16 @@ class _Counter(TorchDispatchMode):
                 nbytes = int(res[1] * (ref.element_size() if ref is not None else 1))
             else:
                 flops = int(res)
-                out_bytes = _tensor_bytes(out)
-                nbytes = _tensor_bytes(args) + _tensor_bytes(kwargs) + out_bytes
+                out_bytes = tensor_bytes(out)
+                nbytes = tensor_bytes(args) + tensor_bytes(kwargs) + out_bytes
         else:
             flops, status = 0, UNCOUNTED
-            out_bytes = _tensor_bytes(out)
-            nbytes = _tensor_bytes(args) + _tensor_bytes(kwargs) + out_bytes
+            out_bytes = tensor_bytes(out)
+            nbytes = tensor_bytes(args) + tensor_bytes(kwargs) + out_bytes
 
         if flops and ref is not None and not (ref.dtype.is_floating_point or ref.dtype.is_complex):
             flops = 0  # integer and boolean arithmetic is not floating-point work
         if out_bytes is None:
-            out_bytes = 0 if info.zero == formulas.VIEW else _tensor_bytes(out)
+            out_bytes = 0 if info.zero == formulas.VIEW else tensor_bytes(out)
         return flops, nbytes, dtype, status, out_bytes
 

@@ -7,9 +7,10 @@ from typing import Optional
 
 import torch
 
-from ..step import module_stack, rebuild_optimizer
+from ..model_calls import module_stack
+from ..step import rebuild_optimizer
 from . import memo
-from .counter import _Counter
+from .counter import FlopCounter
 from .kernels import kernels_as
 from .known_values import known_values
 from .stand_ins import StandIns, autocast_device, stand_ins
@@ -50,7 +51,7 @@ def counting(model, inputs=None, *, device: str = "meta", as_device: str = "cpu"
         fake_device, params = None, None
         param_owner = {id(p): n.rpartition(".")[0] for n, p in model.named_parameters()}
         mode, unwrap = given.mode, given.unwrap
-    counter = _Counter(param_owner, simulated_run=device == "meta", unwrap=unwrap,
+    counter = FlopCounter(param_owner, simulated_run=device == "meta", unwrap=unwrap,
                        remember=remember and fake_device is None and given is None)
     counter.checkpointing = {n for n, m in model.named_modules()
                              if n and getattr(m, "gradient_checkpointing", False) is True}
@@ -80,7 +81,7 @@ def counting(model, inputs=None, *, device: str = "meta", as_device: str = "cpu"
         yield counter, inputs
 
 
-def rows_of(counter: _Counter) -> list:
+def rows_of(counter: FlopCounter) -> list:
     """The counter's rows as records: module, op, phase, dtype, family, status, flops, bytes, calls."""
     return [dict(module=k[0], op=k[1], phase=k[2], dtype=k[3], family=k[4], status=k[5], flops=v[0], bytes=v[1],
                  calls=v[2]) for k, v in counter.rows.items()]

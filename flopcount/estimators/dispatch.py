@@ -34,11 +34,13 @@ from typing import Callable, Dict, Optional
 import torch
 
 from ..api_checks import check_loss
-from ..step import batch_size_of, call_model, default_loss, preserved, random_on, seeded
+from ..inputs import random_on
+from ..model_calls import call_model, preserved
+from ..step import batch_size_of, default_loss, seeded
 from ..report import FlopReport
 from .base import Capabilities, Request
 from . import fallback
-from .counter import FORWARD_PHASES, _Counter, aside  # noqa: F401  (the counter's names, from where they were)
+from .counter import FORWARD_PHASES, FlopCounter, aside  # noqa: F401  (the counter's names, from where they were)
 from .counting import AsGiven, counting, rows_of
 from .ops import shape_label  # noqa: F401
 from .stand_ins import autocast_device
@@ -97,7 +99,7 @@ def count_step(
 
     On meta (the default), ops with run-time kernel choices take the kernel ``as_device`` ("cpu" or "cuda") would;
     a forward that needs tensor values is counted on the CPU instead (``fallback_to_cpu``), or fails in one line.
-    The caller's model is given back unchanged (``step.preserved``), except with ``given`` (``AsGiven``): the
+    The caller's model is given back unchanged (``model_calls.preserved``), except with ``given`` (``AsGiven``): the
     model then runs as it is, on its own parameters and the inputs as passed (no stand-ins, no fallback). The
     count is the same on every run: the step draws its random numbers from a fixed seed on a fork of torch's
     generator (``step.seeded``).

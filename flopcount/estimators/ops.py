@@ -72,18 +72,18 @@ _TENSOR = torch.Tensor
 _SEQUENCES = (list, tuple)
 
 
-def _to_shapes(x):
+def to_shapes(x):
     """Tensors -> their torch.Size, at any depth (foreach ops take lists of tensors); everything else as is."""
     if isinstance(x, _TENSOR):
         return x.shape
     if isinstance(x, _SEQUENCES) and not isinstance(x, torch.Size):
         for e in x:  # (a loop, not any(): this runs for every argument of every op of a count)
             if isinstance(e, (_TENSOR, list, tuple)):
-                return type(x)(_to_shapes(e) for e in x)
+                return type(x)(to_shapes(e) for e in x)
     return x
 
 
-def _compute_dtype_ref(args, out) -> Optional[torch.Tensor]:
+def compute_dtype_ref(args, out) -> Optional[torch.Tensor]:
     """The tensor whose dtype the op computes in: its first floating input (``where(cond, a, b)`` computes in
     a's dtype, not cond's; a float comparison yields bools but is float work), else any input, else the output."""
     first = None
@@ -101,14 +101,14 @@ def _compute_dtype_ref(args, out) -> Optional[torch.Tensor]:
 _DTYPE_NAMES: Dict[torch.dtype, str] = {}
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
+def cached_dtype_name(dtype: torch.dtype) -> str:
     name = _DTYPE_NAMES.get(dtype)
     if name is None:
         name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
     return name
 
 
-def _tensor_bytes(x) -> int:
+def tensor_bytes(x) -> int:
     if isinstance(x, _TENSOR):
         return x.numel() * x.element_size()
     if isinstance(x, _SEQUENCES):
@@ -117,7 +117,7 @@ def _tensor_bytes(x) -> int:
             if isinstance(e, _TENSOR):
                 n += e.numel() * e.element_size()
             elif isinstance(e, _SEQUENCES):
-                n += _tensor_bytes(e)
+                n += tensor_bytes(e)
         return n
     return 0
 
