@@ -267,10 +267,15 @@ def main(argv=None) -> int:
         res = report(f"{os.path.basename(path)} ({os.path.getsize(path) / 1e6:.0f} MB)", measure(path, modes,
                                                                                                a.repeat))
     print(f"machine: load average {os.getloadavg()[0]:.1f} at the end")
+    print(f"load / json.load = {res['load']['cpu'] / res['json']['cpu']:.2f}x, analyze / json.load = "
+          f"{res['analyze']['cpu'] / res['json']['cpu']:.2f}x (median CPU time)")
+    if n is not None and n < FULL_SIZE:  # a small trace is fixed costs (pandas, the formula table): no verdict
+        print(f"target not judged: {n:,} events (the targets are for a trace of {FULL_SIZE:,} or one given)")
+        return 0
     ok = res["load"]["cpu"] <= res["json"]["cpu"] and res["load"]["grown"] < 1.5 * res["parsed"]
     print("PASS" if ok else "FAIL", "(target: load's median CPU at or under json.load's, its peak memory growth "
           "under 1.5x the parsed size)")
-    if n is not None and n >= FULL_SIZE:
+    if n is not None:
         fast = res["analyze"]["wall"] < TARGET_S
         print("PASS" if fast else "FAIL", f"(target: {FULL_SIZE:,} events analysed in under {TARGET_S:.0f} s, "
               "median wall)")
