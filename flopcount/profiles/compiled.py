@@ -27,11 +27,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..report import COUNTED, UNCOUNTED, ZERO
 from .nesting import innermost, nest
 
 REGION_PREFIXES = ("CompiledFunction", "Torch-Compiled Region", "## Call CompiledFxGraph", "CompiledFxGraph")
 FIGURES = ("kernel_flop", "kernel_num_gb")
-COUNTED, ZERO, UNCOUNTED = "counted", "zero", "uncounted"
 OUTSIDE = "(launched outside every range)"
 NAN = float("nan")
 GENERATED = " (generated code: time outside its aten ops)"
