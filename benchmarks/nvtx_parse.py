@@ -152,14 +152,18 @@ def sql_loop(path: str, subset: int):
     return (time.perf_counter() - t) / len(kernels), (time.process_time() - c) / len(kernels)
 
 
-def build_indexes(path: str):
-    """(copy, build wall, build CPU): the loop's two indexes, built on a copy of the file."""
-    copy = path + ".indexed"
+LOOP_INDEXES = ("CREATE INDEX rt_corr ON CUPTI_ACTIVITY_KIND_RUNTIME(correlationId)",
+                "CREATE INDEX nv_tid_start ON NVTX_EVENTS(globalTid, start)")
+
+
+def build_indexes(path: str, statements=LOOP_INDEXES, copy=None):
+    """(copy, build wall, build CPU): a per-kernel loop's indexes, built on a copy of the file."""
+    copy = copy or path + ".indexed"
     shutil.copy(path, copy)
     con = sqlite3.connect(copy)
     t, c = time.perf_counter(), time.process_time()
-    con.execute("CREATE INDEX rt_corr ON CUPTI_ACTIVITY_KIND_RUNTIME(correlationId)")
-    con.execute("CREATE INDEX nv_tid_start ON NVTX_EVENTS(globalTid, start)")
+    for sql in statements:
+        con.execute(sql)
     con.commit()
     con.close()
     return copy, time.perf_counter() - t, time.process_time() - c
