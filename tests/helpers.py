@@ -1,8 +1,11 @@
 """Shared by the tests: read one op's FLOPs or calls out of a report, a module that calls one op, a benchmark
-script run in a subprocess, and the command run in-process with its one-line errors."""
+script run in a subprocess, the command run in-process with its one-line errors, and the small model whose
+modules a profile's user ranges mark."""
+import json
 import os
 import subprocess
 import sys
+from collections import OrderedDict
 
 import torch
 from torch import nn
@@ -69,3 +72,37 @@ def one_error_line(err, fragment):
     """Stderr is exactly one ``flopcount: error:`` line that names ``fragment``, and no bug of flopcount's own."""
     assert len(err) == 1 and err[0].startswith("flopcount: error:") and fragment in err[0], err
     assert "Traceback" not in err[0] and "internal error" not in err[0]
+
+
+# --- the small model of the user-range tests (nsys and trace --by module) ------------------------------------------
+# Batch 2 on 3x16x16 images. features.0, Conv2d(3, 8, 3, stride 2, padding 1): 2x8x8x8 = 1024 outputs of 3*3*3 = 27
+# multiply-adds and a bias add each. features.1, ReLU, inside "features" and in no range of its own: one per
+# element. fc, Linear(512, 5): 2*2*512*5 + 2*5 (the bias). Outside every range: the flatten (a view, 0) and the loss,
+# pow(2) and mean over 2x5 elements.
+CONV, RELU, FC, LOSS = 2 * 1024 * 27 + 1024, 1024, 2 * 2 * 512 * 5 + 2 * 5, 10 + 10
+
+
+def ranged_model():
+    """The model (seeded) and its batch."""
+    torch.manual_seed(0)
+    model = nn.Sequential(OrderedDict(features=nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.ReLU()),
+                                      flatten=nn.Flatten(), fc=nn.Linear(8 * 8 * 8, 5)))
+    return model, torch.randn(2, 3, 16, 16)
+
+
+def module_rows(cli, capsys, argv) -> dict:
+    """``--by module`` rows of a command, by module path."""
+    assert cli(argv + ["--format", "json"]) == 0
+    return {r["module"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+
+
+def check_module_rows(rows, backward_total):
+    """Each range's forward FLOPs are the ops inside it, by hand; the backward, in no range, is the root's."""
+    assert rows["features.0"]["forward"] == CONV
+    assert rows["features"]["forward"] == RELU  # its own ops: the conv is its submodule's
+    assert rows["features"]["flops_incl"] == CONV + RELU
+    assert rows["fc"]["forward"] == FC
+    assert rows[""]["forward"] == LOSS
+    assert {m: r["backward"] for m, r in rows.items() if m} == {"features": 0, "features.0": 0, "fc": 0}
+    assert rows[""]["backward"] == backward_total
+    assert rows[""]["flops_incl"] == CONV + RELU + FC + LOSS + backward_total

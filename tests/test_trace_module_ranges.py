@@ -3,17 +3,12 @@ recorded here of a small Conv/ReLU/Linear model whose calls the test wraps in ra
 with device activity (kernels, the device-side copy of the ranges, the autograd engine's thread). Each module's
 FLOPs and device time are checked against the ops placed inside it, worked out by hand."""
 import json
-from collections import OrderedDict
 
 import pytest
 
 from flopcount.cli import main as cli
+from helpers import CONV, FC, LOSS, RELU, check_module_rows, module_rows, ranged_model
 
-# Batch 2 on 3x16x16 images. features.0, Conv2d(3, 8, 3, stride 2, padding 1): 2x8x8x8 = 1024 outputs of 3*3*3 = 27
-# multiply-adds and a bias add each. features.1, ReLU, inside "features" and in no range of its own: one per
-# element. fc, Linear(512, 5): 2*2*512*5 + 2*5 (the bias). Outside every range: the flatten (a view, 0) and the loss,
-# pow(2) and mean over 2x5 elements.
-CONV, RELU, FC, LOSS = 2 * 1024 * 27 + 1024, 1024, 2 * 2 * 512 * 5 + 2 * 5, 10 + 10
 # The backward, in no range (the test opens none around it): the conv's weight gradient 2*8*27*(2*8*8) and its bias
 # gradient (a sum over 1024 elements; the input needs no gradient), the linear's input and weight gradients (two
 # mm of 2*2*5*512), its bias gradient (a sum over 2x5: 10), the ReLU's threshold_backward (1024), the mean's (a
@@ -24,12 +19,8 @@ BACKWARD = (2 * 8 * 27 * 128 + 1024) + 2 * (2 * 2 * 5 * 512) + 10 + 1024 + 10 + 
 def _record(path, prefix=""):
     """A CPU trace of one training step, each chosen module's call wrapped in a record_function range."""
     torch = pytest.importorskip("torch")
-    from torch import nn
 
-    torch.manual_seed(0)
-    model = nn.Sequential(OrderedDict(features=nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.ReLU()),
-                                      flatten=nn.Flatten(), fc=nn.Linear(8 * 8 * 8, 5)))
-    x = torch.randn(2, 3, 16, 16)
+    model, x = ranged_model()
     rf = torch.profiler.record_function
 
     def forward(x):
@@ -54,19 +45,11 @@ def traces(tmp_path_factory):
 
 
 def _rows(capsys, argv):
-    assert cli(argv + ["--format", "json"]) == 0
-    return {r["module"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    return module_rows(cli, capsys, argv)
 
 
 def _check(rows):
-    assert rows["features.0"]["forward"] == CONV
-    assert rows["features"]["forward"] == RELU  # its own ops: the conv is its submodule's
-    assert rows["features"]["flops_incl"] == CONV + RELU
-    assert rows["fc"]["forward"] == FC
-    assert rows[""]["forward"] == LOSS
-    assert {m: r["backward"] for m, r in rows.items() if m} == {"features": 0, "features.0": 0, "fc": 0}
-    assert rows[""]["backward"] == BACKWARD
-    assert rows[""]["flops_incl"] == CONV + RELU + FC + LOSS + BACKWARD
+    check_module_rows(rows, BACKWARD)
     assert {m: r["calls"] for m, r in rows.items()} == {"": 0, "features": 1, "features.0": 1, "fc": 1}
 
 

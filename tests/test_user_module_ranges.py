@@ -2,9 +2,7 @@
 generated exports of one training step of a small model, the user's ranges pushed around chosen modules' forward,
 in the default domain, in a domain of their own and behind a prefix; each range's FLOPs checked against the ops
 placed inside it by hand."""
-import json
 import sys
-from collections import OrderedDict
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,31 +10,23 @@ import pytest
 
 from flopcount.cli import main as cli
 from flopcount.profiles import analyze
+from helpers import CONV, FC, LOSS, RELU, check_module_rows, module_rows, ranged_model
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 REAL = HERE / "fixtures" / "nsys" / "mfu_2gpu_before.sqlite"
 
-# The forward ops inside each range, by hand, at batch 2 on 3x16x16 images:
-# features.0, Conv2d(3, 8, 3, stride 2, padding 1): 2x8x8x8 = 1024 outputs of 3*3*3 = 27 multiply-adds and a bias
-# add each: 2*1024*27 + 1024. features.1, ReLU, is inside "features" and in no range of its own: 1024 (one per
-# element). fc, Linear(512, 5): 2*2*512*5 + 2*5 (the bias). Outside every range: the flatten (a view, 0) and the
-# loss, pow(2) and mean over 2x5: 10 + 10.
-CONV, RELU, FC, LOSS = 2 * 1024 * 27 + 1024, 1024, 2 * 2 * 512 * 5 + 2 * 5, 10 + 10
+# The forward ops inside each range are worked by hand beside the model (helpers.ranged_model).
 RANGES = ["features", "features.0", "fc"]
 
 
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory):
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     import nvtx_profile_gen as gen
-    from torch import nn
 
     folder = tmp_path_factory.mktemp("user_ranges")
-    torch.manual_seed(0)
-    model = nn.Sequential(OrderedDict(features=nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.ReLU()),
-                                      flatten=nn.Flatten(), fc=nn.Linear(8 * 8 * 8, 5)))
-    x = torch.randn(2, 3, 16, 16)
+    model, x = ranged_model()
 
     def step():
         model.zero_grad(set_to_none=True)  # no gradient accumulation: every step is the same ops
@@ -50,20 +40,12 @@ def exports(tmp_path_factory):
 
 
 def _rows(capsys, argv):
-    assert cli(argv + ["--format", "json"]) == 0
-    return {r["module"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    return module_rows(cli, capsys, argv)
 
 
 def _check(rows, backward_total):
-    assert rows["features.0"]["forward"] == CONV
-    assert rows["features"]["forward"] == RELU  # its own ops: the conv is its submodule's
-    assert rows["features"]["flops_incl"] == CONV + RELU
-    assert rows["fc"]["forward"] == FC
-    assert rows[""]["forward"] == LOSS
     # the backward runs on the autograd thread, where the user pushed no range: all of it is the root's
-    assert {m: r["backward"] for m, r in rows.items() if m} == {"features": 0, "features.0": 0, "fc": 0}
-    assert rows[""]["backward"] == backward_total
-    assert rows[""]["flops_incl"] == CONV + RELU + FC + LOSS + backward_total
+    check_module_rows(rows, backward_total)
     assert all(r["calls"] == 1 for m, r in rows.items() if m)  # one forward call, one range each
 
 
