@@ -211,7 +211,7 @@ def test_a_well_formed_trace_is_decoded_once(monkeypatch):
     def refuse(path):
         raise AssertionError("the json path ran on a well-formed trace")
 
-    monkeypatch.setattr(kineto_trace, "_read_json", refuse)
+    monkeypatch.setattr(kineto_trace, "read_json", refuse)
     decodes = []
     real = trace_columns._parse
     monkeypatch.setattr(trace_columns, "_parse", lambda path: decodes.append(path) or real(path))

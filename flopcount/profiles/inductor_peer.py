@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import reason
+from .kineto_trace import read_json
 from .profile import ProfileError
 
 SAME = "same"
@@ -40,11 +41,7 @@ def peer_kernels(path: str) -> pd.DataFrame:
         from torch._inductor.analysis.profile_analysis import JsonProfile
     except ImportError as exc:  # an older torch
         raise ProfileError(f"torch._inductor.analysis.profile_analysis is not available ({exc})") from None
-    with open(path, "rb") as fh:
-        gz = fh.read(2) == b"\x1f\x8b"
-    opener = gzip.open if gz else open
-    with opener(path, "rb") as fh:
-        doc = json.load(fh)
+    doc = read_json(path)
     if isinstance(doc, dict) and "deviceProperties" not in doc:
         doc["deviceProperties"] = []
     fd, tmp = tempfile.mkstemp(suffix=".json")

@@ -42,7 +42,8 @@ from .profile import Profile, ProfileError, check_path, head
 from .trace_rules import RANGE_CATS, THREAD_SHIFT, Decoded, decode_events, parse_value  # noqa: F401
 
 
-def _read_json(path: str):
+def read_json(path: str):
+    """The trace's JSON document (a .json or a gzipped one), each way it can be unreadable said in one line."""
     check_path(path)
     gz = head(path, 2) == b"\x1f\x8b"
     try:
@@ -73,7 +74,7 @@ def load(path, columnar: bool = True) -> Profile:
 
 def decode_json(path: str) -> Decoded:
     """The reference reading: ``json`` (which accepts every JSON text), then each event in turn."""
-    doc = _read_json(path)
+    doc = read_json(path)
     if isinstance(doc, list):
         return decode_events(doc, {})
     if isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list):
