@@ -19,13 +19,16 @@ attention mask decides which path a forward takes.
 from __future__ import annotations
 
 import inspect
+import io
+import json
+import sys
 from contextlib import contextmanager
 from typing import Optional
 
 import torch
 
 from .errors import FlopcountError, ModelSpecError, one_line
-from .hf_checks import check_architecture, check_config, check_source
+from .hf_checks import check_architecture, check_config, check_source, refuse_code
 
 DEFAULT_SEQ_LEN = 128
 PREFIX = "hf:"
@@ -41,14 +44,24 @@ def _transformers():
 
 @contextmanager
 def _quiet(transformers):
-    """transformers logs config remarks (token ids outside a small test vocabulary) as warnings; keep them out."""
+    """transformers logs config remarks (token ids outside a small test vocabulary) as warnings, and the hub client
+    each retry of a request: keep them out. Standard input is an empty stream for the block: nothing transformers
+    does while loading (its prompt to run a folder's code above all) can read the user's input or wait on it."""
+    import logging as std_logging
+
     logging = transformers.utils.logging
     level = logging.get_verbosity()
+    hub = std_logging.getLogger("huggingface_hub")
+    hub_level = hub.level
     logging.set_verbosity_error()
+    hub.setLevel(std_logging.ERROR)
+    stdin, sys.stdin = sys.stdin, io.StringIO()
     try:
         yield
     finally:
+        sys.stdin = stdin
         logging.set_verbosity(level)
+        hub.setLevel(hub_level)
 
 
 def load(source: str, device: str = "cpu") -> torch.nn.Module:
@@ -56,16 +69,20 @@ def load(source: str, device: str = "cpu") -> torch.nn.Module:
     transformers = _transformers()
     with _quiet(transformers):
         try:
-            config = transformers.AutoConfig.from_pretrained(source)
+            # never the folder's own code: with trust_remote_code left unset, transformers asks on stdin
+            config = transformers.AutoConfig.from_pretrained(source, trust_remote_code=False)
         except Exception as exc:
+            if "trust_remote_code" in str(exc) or "custom code" in str(exc):
+                refuse_code(_auto_map_of(source) or "(code of its own)", source)
             raise ModelSpecError(f"cannot read the transformers config of {source!r}: {one_line(exc)}") from None
+        refuse_code(getattr(config, "auto_map", None), source)  # a hub config transformers read as built in
         check_config(config, source)
         cls = check_architecture(config, transformers, source)
         arch = cls.__name__ if cls is not None else None
         try:
             with torch.device(device):
                 if cls is None:
-                    model = _auto_class(transformers, config).from_config(config)
+                    model = _auto_class(transformers, config).from_config(config, trust_remote_code=False)
                 else:
                     model = cls._from_config(config)
         except Exception as exc:
@@ -75,6 +92,18 @@ def load(source: str, device: str = "cpu") -> torch.nn.Module:
         except Exception:
             pass
     return model
+
+
+def _auto_map_of(source: str):
+    """The ``auto_map`` of a config transformers fetched into its cache (read as data)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        path = try_to_load_from_cache(source, "config.json")
+        with open(path) as fh:
+            return json.load(fh).get("auto_map")
+    except Exception:
+        return None
 
 
 def decoder_only(transformers, config) -> bool:

@@ -242,6 +242,7 @@ def main(argv=None) -> int:
 def _main(argv) -> int:
     try:
         args = build_parser().parse_args(argv)
+        _check_hf_source(getattr(args, "model", None))
         code = importlib.import_module(f"{__package__}.{COMMANDS[args.command]}").run(args)
         sys.stdout.flush()  # a full disk or a closed pipe shows here, while it can still be said in one line
         return code
@@ -263,6 +264,15 @@ def _main(argv) -> int:
         print(f"flopcount: internal error: {one_line(exc)} (a bug in flopcount, not in your input; "
               "FLOPCOUNT_DEBUG=1 shows the traceback)", file=sys.stderr)
         return EXIT_ERROR
+
+
+def _check_hf_source(spec) -> None:
+    """An ``hf:`` source that is a missing path, an unreachable hub ID or a folder with code of its own is refused
+    here, before torch and transformers are imported (seconds), in one line."""
+    if isinstance(spec, str) and spec.startswith("hf:"):
+        from ..hf_checks import check_source
+
+        check_source(spec[len("hf:"):])
 
 
 def _interrupted(argv) -> int:
