@@ -31,6 +31,33 @@ TORCHTITAN_PLAN = {
     "layers.*.feed_forward.w3": "colwise", "layers.*.feed_forward.w2": "rowwise", "output": "colwise_rep",
 }
 _STYLES = {"colwise", "rowwise", "colwise_rep", "colwise_gather_output", "embedding_rowwise"}
+# FSDP2 makes one shard of every parameter tensor per rank when it is applied (about 50 us each here): parameter
+# tensors x FSDP degree past this take minutes before the step starts
+MAX_SHARDS = 1 << 20
+
+
+def check_degrees(model: torch.nn.Module, layout: Layout) -> None:
+    """Refuse, before anything is sharded, degrees the model cannot be split into: tensor parallel past its heads
+    (or not dividing them), FSDP past the rows of its largest parameter (FSDP2 shards each parameter's first
+    dimension: further ranks would hold nothing), or past what can be set up in a bounded time."""
+    if layout.tp > 1:
+        _check_heads(model, layout.tp)
+    if layout.fsdp == 1:
+        return
+    params = [(n, p) for n, p in model.named_parameters() if p.dim()]
+    if not params:
+        raise UnsupportedLayout(f"FSDP {layout.fsdp}: {type(model).__name__} has no parameters to shard")
+    name, widest = max(params, key=lambda np_: np_[1].shape[0])
+    rows = int(widest.shape[0])
+    if layout.fsdp > rows:
+        raise UnsupportedLayout(f"FSDP {layout.fsdp:,} is more ranks than the largest parameter has rows ({name}: "
+                                f"{rows:,}): FSDP2 shards each parameter's first dimension, so ranks past {rows:,} "
+                                "would hold nothing of the model")
+    if len(params) * layout.fsdp > MAX_SHARDS:
+        raise UnsupportedLayout(f"FSDP {layout.fsdp:,} over {len(params):,} parameter tensors is "
+                                f"{len(params) * layout.fsdp:,} shards to set up, past the {MAX_SHARDS:,} flopcount "
+                                "sets up (minutes): a rank's compute does not depend on the FSDP degree and its "
+                                "collective bytes approach their limit as (N - 1) / N, so count a smaller degree")
 
 
 def parallelize(model: torch.nn.Module, layout: Layout, mesh) -> List[str]:
@@ -131,8 +158,9 @@ def apply_tensor_parallel(model: torch.nn.Module, mesh, layout: Layout) -> List[
 def _check_heads(model, degree: int) -> None:
     """Each rank must hold whole attention heads (and whole key/value heads under grouped-query attention)."""
     config = getattr(model, "config", None)
+    text = config.get_text_config() if callable(getattr(config, "get_text_config", None)) else config
     for attr in ("num_attention_heads", "num_key_value_heads"):
-        heads = getattr(config, attr, None)
+        heads = getattr(text, attr, None)
         if isinstance(heads, int) and heads % degree:
             raise UnsupportedLayout(f"tensor parallel {degree} does not divide the model's {attr} ({heads}): "
                                     "each rank must hold whole heads")

@@ -31,7 +31,7 @@ from ..errors import FlopcountError
 from ..estimators.dispatch import AsGiven, aside, count_step
 from .fake_group import fake_world
 from .layout import layout_of
-from .plan import is_parallelized, parallelize
+from .plan import check_degrees, is_parallelized, parallelize
 
 
 @contextmanager
@@ -91,6 +91,7 @@ def count_sharded(model: torch.nn.Module, inputs, world, *, backward: bool = Tru
     if is_parallelized(model):
         raise FlopcountError("this model is sharded already: count it as it is, without world= (under the "
                              "process group it was sharded on)")
+    check_degrees(model, layout)  # before any rank's shard is made: a degree past the model never starts
     name = model_name or type(model).__name__
     sharded = meta_copy(model)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
