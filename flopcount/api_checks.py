@@ -2,6 +2,7 @@
 that names it, instead of an AttributeError or a TypeError from deep inside a step."""
 from __future__ import annotations
 
+import math
 import numbers
 
 import torch
@@ -40,6 +41,44 @@ def check_int(name: str, value, minimum: int) -> int:
     if value < minimum:
         raise ArgumentError(f"{name} must be at least {minimum}, not {value}")
     return int(value)
+
+
+def check_rate(name: str, value) -> None:
+    """None, or a positive, finite real number (not a string, not a bool)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ArgumentError(f"{name} must be a number, not {_short(value)}")
+    if not (value > 0 and math.isfinite(value)):
+        raise ArgumentError(f"{name} must be a positive number, not {value}")
+
+
+def check_choice(name: str, value, choices) -> None:
+    if not isinstance(value, str) or value not in choices:
+        raise ArgumentError(f"{name} must be one of {', '.join(map(repr, choices))}, not {_short(value)}")
+
+
+def check_device(name: str, value, kinds=("meta", "cpu", "cuda")) -> str:
+    """A device name or ``torch.device`` of one of ``kinds``; returned as a string."""
+    try:
+        device = torch.device(value) if isinstance(value, (str, torch.device)) else None
+    except (RuntimeError, ValueError):
+        device = None
+    if device is None or device.type not in kinds:
+        raise ArgumentError(f"{name} must be a device of type {', '.join(kinds)}, not {_short(value)}")
+    return str(value)
+
+
+def check_callable(name: str, value) -> None:
+    """None, or something callable."""
+    if value is not None and not callable(value):
+        raise ArgumentError(f"{name} must be callable (a tqdm, or a function that wraps an iterable), not "
+                            f"{_short(value)}")
+
+
+def check_bool(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise ArgumentError(f"{name} must be True or False, not {_short(value)}")
 
 
 def check_domain(domain) -> None:

@@ -87,21 +87,25 @@ def _best_rate(reading) -> float:
 
 
 def _read_cache(path: str) -> dict:
+    from .errors import OutputError
+    from .outputs import read_regular
+
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
+        data = json.loads(read_regular(path))
         return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}  # a missing or corrupt cache is re-measured, never fatal
+    except (OSError, ValueError, RecursionError, OutputError):
+        return {}  # a missing, corrupt or special (a named pipe) cache is re-measured, never fatal
 
 
 def _write_cache(path: str, data: dict) -> None:
     from .outputs import atomic_write
 
+    from .errors import OutputError
+
     try:
         atomic_write(path, json.dumps(data, indent=1, sort_keys=True))
-    except OSError:
-        pass  # a read-only home only costs a re-measure next time
+    except (OSError, OutputError):
+        pass  # a read-only home, or a pipe where the cache goes (left as it is), only costs a re-measure next time
 
 
 BUSY_LOAD_PER_CORE = 0.5  # a probe started with more runnable work than this per core is said to be under load

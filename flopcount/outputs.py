@@ -55,3 +55,19 @@ def atomic_write(path: str, data) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def read_regular(path: str, limit: int = 1 << 26) -> str:
+    """The text of ``path`` (at most ``limit`` bytes), opened only if it is a regular file: a named pipe or a
+    device put where a cache or a settings file goes would block a plain read for good (``OutputError``)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # opening a pipe without a writer blocks too
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise OutputError(f"{path} is {kind_of(mode)}, not a regular file")
+        with os.fdopen(fd, "rb") as fh:
+            fd = None
+            return fh.read(limit).decode("utf-8", errors="replace")
+    finally:
+        if fd is not None:
+            os.close(fd)

@@ -97,7 +97,7 @@ class Prediction:
 
 
 def predict(gen, spec: DeviceSpec, *, measured_tokens_per_s: Optional[float] = None,
-            measured_ttft: Optional[float] = None, tf32: bool = False) -> Prediction:
+            measured_ttft: Optional[float] = None, tf32: bool = False, check_rates: bool = True) -> Prediction:
     """Each phase of ``gen`` (a ``Generation``) on ``spec`` (see ``Generation.on``). ``measured_tokens_per_s``: decode tokens per
     second over all sequences (batch / seconds per decode step; a single forward: its tokens, or samples, per
     second); ``measured_ttft``: seconds of the prefill."""
@@ -130,10 +130,24 @@ def predict(gen, spec: DeviceSpec, *, measured_tokens_per_s: Optional[float] = N
         if not unc.empty:
             ops = ", ".join(sorted(set(unc["op"])))
             notes.append(f"{name}: ops without a formula (only their bytes are in the roofline time): {ops}")
+        if check_rates:
+            _physical(out[name], spec, measured_ttft if name == "prefill" else measured_tokens_per_s)
         if measured is not None and measured < seconds:
             notes.append(f"{name}: the measured time is below the roofline time: the device spec does not describe "
                          "this run")
     return Prediction(device=spec.name, source=spec.source, phases=out, notes=notes)
+
+
+def _physical(phase: PhaseRoofline, spec: DeviceSpec, given) -> None:
+    """Refuse a measured time that would have the device run past its datasheet peak or bandwidth."""
+    if phase.measured_seconds is None:
+        return
+    over = [f"{k} {v:.3g}" for k, v in (("MFU", phase.mfu), ("MBU", phase.mbu)) if v is not None and v > 1]
+    if over:
+        what = "time to first token" if phase.phase == "prefill" else "tokens per second"
+        raise GenerationError(f"the measured {what} {given:g} puts {phase.phase} at {' and '.join(over)}: past 1, "
+                              f"faster than {spec.name}'s datasheet peak and bandwidth allow; a unit slip (tokens per "
+                              "second over all sequences, seconds), or a device other than this spec")
 
 
 def _roofline(rows: pd.DataFrame, spec: DeviceSpec, tf32) -> tuple:

@@ -12,10 +12,10 @@ from typing import Callable, Dict, Iterable, List, Optional
 import pandas as pd
 import torch
 
-from .. import datasheet, models_hf
+from .. import api_checks, datasheet, models_hf
 from ..device_spec import DeviceSpec
 from ..dtypes import dtype_name
-from ..errors import GenerationError, model_errors
+from ..errors import GenerationError, model_errors, oom_as_error
 from ..estimators import fallback
 from ..estimators.dispatch import count_step, counting, owned_params, rows_of
 from ..model_calls import preserved
@@ -27,6 +27,7 @@ from .phases import FORWARD, PHASES
 LOGITS = ("last", "all")  # which positions' logits the prefill computes
 KV_CACHE = "(kv cache)"  # the pseudo-module of the ops a cache runs to store new entries, under its attention module
 KV_WRITE = "kv cache write"  # the op of the traffic's rows that stands for them: the new entries, written once
+INDEX_MAX = 2 ** 63 - 1  # a tensor's sizes and element count are int64
 STEP_COLUMNS = ["phase", "step", "context", "tokens", "flops", "bytes", "op_bytes", "weights", "kv_read",
                 "kv_written", "other"]
 
@@ -82,6 +83,12 @@ class Generation:
            measured_ttft: Optional[float] = None, tf32: bool = False) -> Prediction:
         """The roofline of each phase on a device (a ``DeviceSpec`` or a name from ``flopcount peaks``), and, from
         measured decode tokens per second and time to first token, MFU and MBU."""
+        if not isinstance(spec, (DeviceSpec, str)):
+            raise api_checks.ArgumentError(f"spec must be a DeviceSpec or a device name from `flopcount peaks`, "
+                                           f"not {type(spec).__name__}")
+        api_checks.check_rate("measured_tokens_per_s", measured_tokens_per_s)
+        api_checks.check_rate("measured_ttft", measured_ttft)
+        api_checks.check_bool("tf32", tf32)
         spec = spec if isinstance(spec, DeviceSpec) else datasheet.get_device(spec)
         return predict(self, spec, measured_tokens_per_s=measured_tokens_per_s, measured_ttft=measured_ttft,
                        tf32=tf32)
@@ -115,12 +122,15 @@ def generate_cost(model: torch.nn.Module, prompt_len: int, new_tokens: int, batc
     over the prompt). ``progress`` wraps the decode steps' iterable (a tqdm). ``remember=False`` runs every meta
     kernel and every linear layer again at each call (the same count, slower). The model is counted in the mode it
     is in (``generate`` runs in eval mode: ``model.eval()`` first) and given back unchanged."""
-    prompt_len, new_tokens, batch = (_positive(prompt_len, "the prompt length"),
-                                          _positive(new_tokens, "the number of new tokens"),
-                                          _positive(batch, "the batch"))
+    prompt_len, new_tokens, batch = check_sizes(batch, prompt_len, new_tokens)
+    api_checks.check_model(model)
+    device = api_checks.check_device("device", device, ("meta", "cpu"))
+    api_checks.check_choice("as_device", as_device, ("cpu", "cuda"))
+    api_checks.check_choice("logits", logits, LOGITS)
+    api_checks.check_callable("progress", progress)
+    api_checks.check_bool("remember", remember)
+    seed = api_checks.check_int("seed", seed, 0)
     name = model_name or type(model).__name__
-    if logits not in LOGITS:
-        raise GenerationError(f"logits must be one of {', '.join(LOGITS)}, not {logits!r}")
     if not is_causal_lm(model):
         raise GenerationError(f"{name} is not a transformers causal language model: `infer` runs a decoder's "
                               "generation with its KV cache (hf:DIR of a *ForCausalLM config)")
@@ -129,7 +139,9 @@ def generate_cost(model: torch.nn.Module, prompt_len: int, new_tokens: int, batc
     if limit and prompt_len + new_tokens - 1 > limit:
         raise GenerationError(f"a prompt of {prompt_len} and {new_tokens} new tokens needs {prompt_len + new_tokens - 1} "
                               f"positions; {name} has {limit}")
-    ids = torch.randint(0, text.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(seed))
+    check_index(name, batch, prompt_len, new_tokens, text)
+    with oom_as_error(f"making {batch} prompts of {prompt_len} token ids"):
+        ids = torch.randint(0, text.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(seed))
     dtype = float_dtype(model)
     weights = weight_bytes(model)
     state = _Tally()
@@ -208,7 +220,34 @@ def forward_cost(model: torch.nn.Module, inputs, *, as_device: str = "cpu", mode
 def _positive(value, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise GenerationError(f"{what} must be a positive integer, not {value!r}")
+    if value > INDEX_MAX:
+        raise GenerationError(f"{what} {value:,} is past what a tensor can index ({INDEX_MAX:,})")
     return int(value)
+
+
+def check_sizes(batch, prompt_len, new_tokens) -> tuple:
+    """(prompt_len, new_tokens, batch) as positive integers whose token ids a tensor can index; refused in one line
+    before a model is built."""
+    prompt_len, new_tokens, batch = (_positive(prompt_len, "the prompt length"),
+                                     _positive(new_tokens, "the number of new tokens"), _positive(batch, "the batch"))
+    if batch * (prompt_len + new_tokens) > INDEX_MAX:
+        raise GenerationError(f"a batch of {batch:,} sequences of {prompt_len:,} + {new_tokens:,} tokens is past what "
+                              f"a tensor can index ({INDEX_MAX:,} elements): give a smaller batch, prompt or new "
+                              "tokens")
+    return prompt_len, new_tokens, batch
+
+
+def check_index(name: str, batch: int, prompt_len: int, new_tokens: int, text) -> None:
+    """Refuse sizes whose largest activation a tensor cannot index: a token's widest row (vocabulary, hidden or
+    feed-forward width, or its attention scores over the whole context) for every token of the batch."""
+    context = prompt_len + new_tokens - 1
+    widths = [getattr(text, k, None) for k in ("vocab_size", "hidden_size", "intermediate_size", "n_embd", "n_inner")]
+    heads = getattr(text, "num_attention_heads", None) or getattr(text, "n_head", None) or 1
+    widest = max([w for w in widths if isinstance(w, int)] + [heads * context if isinstance(heads, int) else 0])
+    if batch * context * widest > INDEX_MAX:
+        raise GenerationError(f"{name}: a batch of {batch:,} over {context:,} positions makes activations of "
+                              f"{batch * context * widest:.3g} elements, past what a tensor can index "
+                              f"({INDEX_MAX:,}): give a smaller batch, prompt or new tokens")
 
 
 class Feed:

@@ -12,8 +12,8 @@ from .. import cpu_probe, datasheet, models_hf
 from ..device_spec import DeviceSpec
 from ..dtypes import parse_dtype
 from ..errors import GenerationError, model_errors
-from .device import Prediction
-from .generation import Generation, forward_cost, generate_cost, is_causal_lm
+from .device import Prediction, predict
+from .generation import Generation, check_sizes, forward_cost, generate_cost, is_causal_lm
 from .measured import Measured, measured_rates, time_forward, time_generation
 
 @dataclass
@@ -59,6 +59,7 @@ def from_spec(model_spec: str, *, prompt_len: Optional[int] = None, new_tokens: 
                               "--device-spec and the measured rates")
     if device_spec is None and (measured_tokens_per_s is not None or measured_ttft is not None):
         raise GenerationError("measured rates are held against a device's peak and bandwidth: give --device-spec")
+    check_sizes(batch, prompt_len or 1, new_tokens or 1)  # sizes past a tensor's index, before the model is built
     spec = None
     if device_spec is not None:
         spec = device_spec if isinstance(device_spec, DeviceSpec) else datasheet.get_device(device_spec)
@@ -98,7 +99,9 @@ def from_spec(model_spec: str, *, prompt_len: Optional[int] = None, new_tokens: 
         measured = timed()
     cpu = cpu_probe.cpu_spec(sorted({"float32", gen.dtype}))
     tps, ttft = measured_rates(gen, measured)
-    return Inference(gen, gen.on(cpu, measured_tokens_per_s=tps, measured_ttft=ttft), measured)
+    # flopcount's own timing: a model that fits in the CPU's caches may beat its memory bandwidth (said in a note)
+    return Inference(gen, predict(gen, cpu, measured_tokens_per_s=tps, measured_ttft=ttft, check_rates=False),
+                     measured)
 
 
 # what a transformers model's example batch carries for its loss: left out of an inference forward

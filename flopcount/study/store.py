@@ -216,8 +216,7 @@ def load_meta(out: str) -> dict:
     if not os.path.exists(path):
         return {}
     try:
-        with open(path) as fh:
-            data = json.load(fh)
+        data = json.loads(outputs.read_regular(path))  # a pipe there is one line, not a hang
     except ValueError:
         return {}  # settings are rewritten by the run; a corrupt file costs nothing the rows do not hold
     return data if isinstance(data, dict) else {}
