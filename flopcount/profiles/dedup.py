@@ -27,7 +27,7 @@ from .. import formulas
 from ..report import FlopReport
 from . import compiled, markers
 from .marker_flops import STATUS, op_flops
-from .nesting import innermost, nest_levels, subtree_sum
+from .nesting import coinciding, innermost, nest_levels, subtree_sum
 from .profile import Profile, ProfileError
 
 NO_SHAPES = ("this profile was recorded without record_shapes: FLOPs cannot be derived from its markers "
@@ -299,6 +299,8 @@ def analyze(prof: Profile, naive: bool = False) -> Analysis:
         notes.append(f"{outside} kernel(s) were launched outside every NVTX range")
     if prof.start_end_ranges:
         notes.append(f"{prof.start_end_ranges} start/end NVTX range(s) ignored (they do not nest per thread)")
+    _same_times(prof.path, coinciding(start, end, r["tid"].to_numpy(np.int64)), n, notes,
+                priced=not has_shapes or bool((np.where(is_op, flops, 0) > 0).any()))
 
     report = None
     if has_shapes:
@@ -324,6 +326,19 @@ def analyze(prof: Profile, naive: bool = False) -> Analysis:
                         else np.zeros(0, object),
                         "inductor_flop": k["kernel_flop"].to_numpy(np.float64) if "kernel_flop" in k
                         else np.full(len(k), np.nan)}))
+
+
+def _same_times(path, same: int, n: int, notes: list, priced: bool) -> None:
+    """A profile whose ranges mostly share their start and end with another range of their thread (an export whose
+    times were lost or rewritten): which encloses which cannot be told. Said in a note; refused where no op could
+    be priced (every op taken as nested inside another, so none counted)."""
+    if n < 2 or 2 * same <= n:
+        return
+    what = (f"{same:,} of {n:,} ranges share their start and end with another range of their thread, so which "
+            "encloses which cannot be told")
+    if not priced:
+        raise ProfileError(f"{path}: nothing could be priced: {what} (every op reads as nested inside another)")
+    notes.append(f"{what}: an op taken as nested inside another is not counted on its own")
 
 
 def _kernel_groups(k, kdur, inner, in_range, op_of, is_op, flops) -> pd.DataFrame:

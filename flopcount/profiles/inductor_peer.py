@@ -42,7 +42,11 @@ def peer_kernels(path: str) -> pd.DataFrame:
     except ImportError as exc:  # an older torch
         raise ProfileError(f"torch._inductor.analysis.profile_analysis is not available ({exc})") from None
     doc = read_json(path)
-    if isinstance(doc, dict) and "deviceProperties" not in doc:
+    if isinstance(doc, list):  # a bare event list, which Chrome and flopcount's reader take too
+        doc = {"traceEvents": doc}
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        raise ProfileError(f"{path}: no traceEvents list for profile_analysis to read")
+    if "deviceProperties" not in doc:
         doc["deviceProperties"] = []
     fd, tmp = tempfile.mkstemp(suffix=".json")
     try:

@@ -193,7 +193,8 @@ def op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, fmt, no
         return has_bias_by_code[code]
 
     fwd_code = np.where(fwd_row >= 0, sc[np.maximum(fwd_row, 0)], -1)
-    uniq_codes = np.flatnonzero(np.bincount(fwd_code[fwd_row >= 0], minlength=len(size_texts)))
+    # a forward op recorded without sizes (junk dims) has code -1: no bias is read from it
+    uniq_codes = np.flatnonzero(np.bincount(fwd_code[fwd_code >= 0], minlength=len(size_texts)))
     bias_table = np.array([bias_of(int(c)) for c in uniq_codes], dtype=np.int64)
     has_bias = np.where(fwd_row >= 0, take(bias_table, find(fwd_code, uniq_codes), 0), -1)
     needs = ~np.isin(ns, first_seqs)

@@ -43,6 +43,15 @@ def levels(depth: np.ndarray) -> list:
     return [order[bounds[d]:bounds[d + 1]] for d in range(len(bounds) - 1)]
 
 
+def coinciding(start: np.ndarray, end: np.ndarray, tids: np.ndarray) -> int:
+    """Ranges (sorted by (tid, start, -end)) that share their start and end with another range of their thread."""
+    same = (tids[1:] == tids[:-1]) & (start[1:] == start[:-1]) & (end[1:] == end[:-1])
+    mark = np.zeros(len(start), bool)
+    mark[1:] |= same
+    mark[:-1] |= same
+    return int(mark.sum())
+
+
 def nest(ranges: pd.DataFrame) -> pd.DataFrame:
     """Add ``depth`` (0 = top level) and ``parent`` (row index, -1 at top level) to ranges sorted by
     (tid, start, -end), as ``nsys.load`` returns them."""

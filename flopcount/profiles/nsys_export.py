@@ -328,7 +328,10 @@ def read_nvtx_ranges(path, domain: Optional[str] = None) -> pd.DataFrame:
         rows = query(con, f"SELECT n.start, n.end, n.globalTid, {end_tid}, "
                                 f"CASE WHEN n.eventType IN ({push}) THEN 'push/pop' ELSE 'start/end' END, "
                                 f"{dom}, COALESCE({text}, ''), {registered} FROM NVTX_EVENTS n {join} "
-                                f"WHERE n.eventType IN ({kinds}) AND n.end IS NOT NULL{where}", path)
+                                f"WHERE n.eventType IN ({kinds}) AND n.end IS NOT NULL{where}"
+                                # junk times, threads or domains (the op reader counts them skipped) are left out
+                                " AND typeof(n.start) = 'integer' AND typeof(n.end) = 'integer'"
+                                f" AND typeof(n.globalTid) = 'integer' AND typeof({dom}) IN ('integer', 'null')", path)
     finally:
         con.close()
     f = pd.DataFrame.from_records(rows, columns=["start", "end", "tid", "end_tid", "kind", "domain_id", "text",
