@@ -73,14 +73,15 @@ def test_embedding_bag(mode, forward, backward, device):
 
 
 def test_lstm_on_the_cpu_kernel_and_on_meta_alike():
-    # nn.LSTM(4, 5): 3 steps x 2 sequences = 6 tokens. Forward per token 8 x 5 x (4 + 5) + 18 x 5 + 4 x 5 = 470:
-    # 2820; backward per token 16 x 5 x 9 + 24 x 5 + 4 x 5 = 860: 5160
+    # nn.LSTM(4, 5): 3 steps x 2 sequences = 6 tokens. Forward per token: projections 8 x 5 x (4 + 5) = 360, their
+    # sum 4 x 5 = 20, two biases 8 x 5 = 40, the cell 18 x 5 = 90: 510 -> 3060; backward per token: data and weight
+    # gradients 16 x 5 x 9 = 720, the gates' sum 20, bias gradients 40, the cell's derivative 36 x 5 = 180: 960 -> 5760
     lstm = nn.LSTM(4, 5)
     x = torch.randn(3, 2, 4)
     reports = [count(lstm, x, device) for device in ("cpu", "meta")]
     for r in reports:
-        assert op_flops(r, "aten.mkldnn_rnn_layer", "forward") == 2820
-        assert op_flops(r, "aten.mkldnn_rnn_layer_backward", "backward") == 5160
+        assert op_flops(r, "aten.mkldnn_rnn_layer", "forward") == 3060
+        assert op_flops(r, "aten.mkldnn_rnn_layer_backward", "backward") == 5760
     key = ["module", "op", "phase"]
     cpu, meta = (r.frame.groupby(key)["flops"].sum() for r in reports)
     assert cpu[cpu > 0].equals(meta[meta > 0])
@@ -88,12 +89,13 @@ def test_lstm_on_the_cpu_kernel_and_on_meta_alike():
 
 def test_lstm_layers_directions_and_batch_first():
     # 2 layers, bidirectional, batch first: layer 0 sees 4 inputs, layer 1 sees 2 x 5; 2 x 3 = 6 tokens each
-    # forward: 2 directions x 6 x (8 x 5 x 9 + 110) + 2 x 6 x (8 x 5 x 15 + 110) = 5640 + 8520 = 14160
+    # forward (per token: the projections 8H(I + H), their sum 4H, two biases 8H, the cell 18H; 30H = 150):
+    # 2 directions x 6 x (8 x 5 x 9 + 150) + 2 x 6 x (8 x 5 x 15 + 150) = 6120 + 9000 = 15120
     lstm = nn.LSTM(4, 5, num_layers=2, bidirectional=True, batch_first=True)
     x = torch.randn(2, 3, 4)
     meta, cpu = (count(lstm, x, d) for d in ("meta", "cpu"))
     assert op_flops(meta, "aten.mkldnn_rnn_layer", "forward") == op_flops(cpu, "aten.mkldnn_rnn_layer", "forward")
-    assert op_flops(meta, "aten.mkldnn_rnn_layer", "forward") == 14160
+    assert op_flops(meta, "aten.mkldnn_rnn_layer", "forward") == 15120
     assert meta.total() == cpu.total()
 
 
