@@ -7,6 +7,7 @@ from dataclasses import InitVar, dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Dict, Iterable, Optional
 
+from .errors import FlopcountError
 from .outputs import atomic_write
 
 if TYPE_CHECKING:  # pandas loads where a frame is built, so that a module reading only the constants pays nothing
@@ -113,7 +114,11 @@ class FlopReport:
             if col not in frame.columns:
                 frame[col] = 0 if col in _INT_COLUMNS else ""
         for col in _INT_COLUMNS:
-            frame[col] = frame[col].astype("int64")
+            try:
+                frame[col] = frame[col].astype("int64")
+            except OverflowError:  # a Python int past int64: a batch far past any run's
+                raise FlopcountError(f"a count's {col} pass 2**63 (9.2e18) in one row: count a smaller batch and "
+                                     "scale (FLOPs grow linearly with it)") from None
         extra = [c for c in frame.columns if c not in COLUMNS]
         self.frame = frame[COLUMNS + extra].reset_index(drop=True)
 
