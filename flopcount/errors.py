@@ -89,6 +89,9 @@ def model_errors(name: str, inputs=None):
     except FlopcountError:
         raise
     except Exception as exc:
+        if is_size_overflow(exc):  # a batch whose tensors no int64 can size: the input's fault, wherever it shows
+            raise InputShapeError(f"running {name} makes tensors past what an int64 can size or index "
+                                  f"({one_line(exc, 120)}): give a smaller batch or input shape") from None
         if _raised_by_flopcount(exc):
             raise
         shape = "x".join(str(d) for d in inputs.shape) if hasattr(inputs, "shape") else "the example input"
@@ -107,6 +110,15 @@ def _raised_by_flopcount(exc: BaseException) -> bool:
         return False
     path = os.path.abspath(last.f_code.co_filename)
     return path.startswith(_PACKAGE_DIR) and last.f_code.co_name != "__torch_dispatch__"
+
+
+def is_size_overflow(exc: BaseException) -> bool:
+    """Whether ``exc`` says a size or an element count did not fit in an int64 (torch's storage sizing, its
+    argument parser, or a Python int converted to a C one)."""
+    text = str(exc).lower()
+    return isinstance(exc, (RuntimeError, OverflowError, TypeError)) and (
+        "storage size calculation overflowed" in text or "overflow when unpacking long" in text
+        or "too large to convert to c" in text)
 
 
 def is_oom(exc: BaseException) -> bool:

@@ -162,7 +162,8 @@ def example_inputs(model: torch.nn.Module, name: str = "", *, batch: int = 1, in
         if special is not None:
             return special
     numel = math.prod((int(batch),) + shape)
-    if numel >= 1 << 62:  # torch would fail to size its storage, with a message that names no option
+    # torch would fail to size its storage (bytes, an int64), with a message that names no option
+    if numel * getattr(dtype, "itemsize", 8) >= 1 << 63:
         raise InputShapeError(f"batch {int(batch)} x input shape {','.join(map(str, shape))} is {numel:.3g} "
                               "elements, more than a tensor can hold; give a smaller --batch or --input-shape")
     return torch.empty((int(batch),) + shape, device=device, dtype=dtype)

@@ -59,6 +59,22 @@ def _frame_of_columns(rows: list) -> Optional[pd.DataFrame]:
 _INT64 = 2**63
 
 
+def _check_fits(frame) -> None:
+    """Refuse a count whose FLOPs, bytes or calls, summed, pass int64: the columns (and every sum of them) would
+    wrap around silently (a batch far past any run's)."""
+    import numpy as np
+
+    for col in _INT_COLUMNS:
+        if col in frame.columns and len(frame):
+            values = frame[col].to_numpy()
+            # in floating point first (no wrap-around, exact enough far from the limit), exactly only near it
+            if np.abs(values.astype(np.float64)).sum() < 0.99 * _INT64:
+                continue
+            if sum(abs(int(v)) for v in values) >= _INT64:
+                raise FlopcountError(f"a count's {col} pass 2**63 (9.2e18): count a smaller batch and scale "
+                                     "(FLOPs grow linearly with it)")
+
+
 @lru_cache(maxsize=None)
 def _copy_on_write() -> bool:
     """pandas 3 copies a frame's data only when one of its copies is written to: a shallow copy is a copy there."""
@@ -106,19 +122,18 @@ class FlopReport:
         frame = self.frame
         self.phases = tuple(self.phases)
         if in_order:
+            _check_fits(frame)
             return
         if _in_order(frame):  # what the rest would make of it, at less cost: the same frame, as a new one
             self.frame = frame.copy(deep=not _copy_on_write())
+            _check_fits(self.frame)
             return
         for col in COLUMNS:
             if col not in frame.columns:
                 frame[col] = 0 if col in _INT_COLUMNS else ""
+        _check_fits(frame)
         for col in _INT_COLUMNS:
-            try:
-                frame[col] = frame[col].astype("int64")
-            except OverflowError:  # a Python int past int64: a batch far past any run's
-                raise FlopcountError(f"a count's {col} pass 2**63 (9.2e18) in one row: count a smaller batch and "
-                                     "scale (FLOPs grow linearly with it)") from None
+            frame[col] = frame[col].astype("int64")
         extra = [c for c in frame.columns if c not in COLUMNS]
         self.frame = frame[COLUMNS + extra].reset_index(drop=True)
 
