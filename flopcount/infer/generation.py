@@ -126,7 +126,8 @@ def generate_cost(model: torch.nn.Module, prompt_len: int, new_tokens: int, batc
     api_checks.check_model(model)
     device = api_checks.check_device("device", device, ("meta", "cpu"))
     api_checks.check_choice("as_device", as_device, ("cpu", "cuda"))
-    api_checks.check_choice("logits", logits, LOGITS)
+    if logits not in LOGITS:
+        raise GenerationError(f"logits must be one of {', '.join(LOGITS)}, not {logits!r}")
     api_checks.check_callable("progress", progress)
     api_checks.check_bool("remember", remember)
     seed = api_checks.check_int("seed", seed, 0)
