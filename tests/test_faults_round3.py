@@ -246,6 +246,20 @@ def test_a_backward_op_whose_forward_has_junk_dims_is_still_priced(tmp_path, cap
     assert any("no sizes in marker" in n for n in got["notes"])
 
 
+def test_junk_sizes_of_a_backward_node_leave_its_op_underived(tmp_path, capsys):
+    with gzip.open(MI250) as fh:
+        doc = json.load(fh)
+    for e in doc["traceEvents"]:  # an autograd node's sizes are its forward op's output: here nested one level too deep
+        a = e.get("args") if isinstance(e, dict) else None
+        if isinstance(a, dict) and "Input Dims" in a and "Backward" in e.get("name", ""):
+            a["Input Dims"] = [[[2, 3]]] * len(a["Input Dims"])
+    path = tmp_path / "nodes.json"
+    path.write_text(json.dumps(doc))
+    code, out, err = run(capsys, "trace", str(path), "--format", "json")
+    assert code == 0, err
+    assert any("malformed sizes" in n for n in json.loads(out)["notes"])
+
+
 @pytest.mark.skipif(not os.path.exists(REAL_NSYS), reason="real nsys fixture missing")
 @pytest.mark.parametrize("value", ["'junk'", "X'00ff'"])
 def test_nsys_by_module_with_junk_threads_is_one_line(tmp_path, capsys, value):

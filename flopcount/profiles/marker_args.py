@@ -365,6 +365,8 @@ def derive(op: str, sizes, ctx: Context = Context(), values=None, types=None):
         out_shape = _infer(op, bound, ctx, frozenset(known))
     except CannotDerive as exc:
         return None, str(exc) or "output size cannot be inferred from these sizes"
+    except (TypeError, ValueError, OverflowError) as exc:  # junk sizes of a linked node or of the op's own arguments
+        return None, f"malformed sizes ({reason(exc)})"
     positional = [bound[name] for name, _, _, _ in fitted if not _kwarg_only(op, name)]
     kwargs = {name: bound[name] for name, _, _, _ in fitted if _kwarg_only(op, name)}
     try:
