@@ -36,7 +36,7 @@ def peer_rounds(rounds: int, steps: int, layers: int, prompt: int, batch: int):
     from flopcount.infer import generate_cost
 
     transformers.utils.logging.set_verbosity_error()
-    config = transformers.AutoConfig.from_pretrained(LLAMA)
+    config = transformers.AutoConfig.from_pretrained(LLAMA, trust_remote_code=False)
     config.num_hidden_layers = layers
     with torch.device("meta"):
         model = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()

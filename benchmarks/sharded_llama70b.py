@@ -52,7 +52,7 @@ def main(argv=None) -> dict:
                                       rope_theta=500000.0, tie_word_embeddings=False)
     t0 = time.perf_counter()
     with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(config)
+        model = transformers.AutoModelForCausalLM.from_config(config, trust_remote_code=False)
     built = time.perf_counter() - t0
     ids = torch.randint(0, vocab, (1, args.seq), generator=torch.Generator().manual_seed(0))
     t0 = time.perf_counter()
