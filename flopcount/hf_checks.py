@@ -47,7 +47,7 @@ def check_source(source: str) -> None:
                              "a hub ID is NAME or NAMESPACE/NAME)")
     if _cached(source) or _offline():
         return  # the cache answers (HF_HUB_OFFLINE: transformers reads only the cache, at once)
-    why = _hub_unreachable()
+    why = hub_unreachable()
     if why:
         raise ModelSpecError(f"cannot read the transformers config of {source!r}: no such directory here, and the "
                              f"hub cannot be reached to fetch it as a hub ID ({why})")
@@ -101,7 +101,7 @@ def _offline() -> bool:
 
 
 @functools.lru_cache(maxsize=1)
-def _hub_unreachable() -> str:
+def hub_unreachable() -> str:
     """Why the hub cannot be reached ("" where it can, or where a proxy stands between, which this cannot try):
     one connection to its endpoint, given a few seconds."""
     if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):

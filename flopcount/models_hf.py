@@ -21,6 +21,7 @@ from __future__ import annotations
 import inspect
 import io
 import json
+import os
 import sys
 from contextlib import contextmanager
 from typing import Optional
@@ -28,7 +29,7 @@ from typing import Optional
 import torch
 
 from .errors import FlopcountError, ModelSpecError, one_line
-from .hf_checks import check_architecture, check_config, check_source, refuse_code
+from .hf_checks import check_architecture, check_config, check_source, hub_unreachable, refuse_code
 
 DEFAULT_SEQ_LEN = 128
 PREFIX = "hf:"
@@ -70,7 +71,10 @@ def load(source: str, device: str = "cpu") -> torch.nn.Module:
     with _quiet(transformers):
         try:
             # never the folder's own code: with trust_remote_code left unset, transformers asks on stdin
-            config = transformers.AutoConfig.from_pretrained(source, trust_remote_code=False)
+            # a cached hub ID while the hub cannot be reached: the cache at once, not half a minute of retries first
+            offline = not os.path.exists(source) and bool(hub_unreachable())
+            config = transformers.AutoConfig.from_pretrained(source, trust_remote_code=False,
+                                                             local_files_only=offline)
         except Exception as exc:
             if "trust_remote_code" in str(exc) or "custom code" in str(exc):
                 refuse_code(_auto_map_of(source) or "(code of its own)", source)

@@ -323,3 +323,19 @@ def test_an_lstm_counts_the_same_on_the_cpu_kernel_and_as_cudnn():
     assert op_flops(cpu, "aten.mkldnn_rnn_layer_backward", "backward") == 5760
     assert op_flops(cuda, "aten._cudnn_rnn_backward", "backward") == 5760
     assert cpu.total() == cuda.total()
+
+
+@pytest.mark.slow  # a child process that imports torch and transformers: ~10 s of CPU
+def test_a_cached_hub_id_is_read_from_the_cache_at_once_while_the_hub_cannot_be_reached(tmp_path):
+    pytest.importorskip("transformers")
+    snapshot = tmp_path / "hub" / "models--someone--tiny-gpt2" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    shutil.copy(os.path.join(GPT2, "config.json"), snapshot / "config.json")
+    (tmp_path / "hub" / "models--someone--tiny-gpt2" / "refs").mkdir()
+    (tmp_path / "hub" / "models--someone--tiny-gpt2" / "refs" / "main").write_text("0" * 40)
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower() and not k.startswith(("HF_", "TRANSF"))}
+    env.update(HF_ENDPOINT="http://127.0.0.1:9", HF_HUB_CACHE=str(tmp_path / "hub"))
+    res = cli("count", "hf:someone/tiny-gpt2", "--no-backward", "--format", "json", env=env)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["model"] == "tiny-gpt2"
+    assert "Retrying" not in res.stderr and "thrown while requesting" not in res.stderr  # the hub was never tried
