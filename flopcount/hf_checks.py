@@ -4,7 +4,8 @@ A transformers config is data anyone can edit, and transformers builds from most
 vocabulary of 0 fails only when token ids are drawn, 0 positions is counted as if it were fine, 3 key/value heads
 for 4 query heads fails deep inside attention, an ``architectures`` entry this transformers does not know falls back
 to the base model, and a million layers take hours to build. Each is refused here in one line that names the
-value, before anything is built.
+value, before anything is built. So is a source that would run code (an ``auto_map``) or wait on a network that is
+not there (``check_source``, which the command runs before it imports torch).
 """
 from __future__ import annotations
 
