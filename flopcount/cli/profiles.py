@@ -30,11 +30,12 @@ def add(sub) -> None:
     p.add_argument("profile", metavar="TRACE", help="TRACE.json or TRACE.json.gz (torch.profiler, record_shapes=True)")
     p.add_argument("--naive", action="store_true", help="every kernel x every enclosing op, as the 2021 study")
     p.add_argument("--by", choices=("op", "phase", "module") + KERNEL_KEYS, default="op",
-                   help="op, phase, module (your record_function ranges named by module path, features.0), or "
-                        "the kernels by device, stream or kernel name")
+                   help="op, phase, module (PyTorch's module events of a with_stack=True trace, else your "
+                        "record_function ranges named by module path, features.0), or the kernels by device, stream "
+                        "or kernel name")
     p.add_argument("--module-ranges", metavar="PREFIX", default=None,
-                   help="--by module from the record_function ranges named PREFIX + a module path (default: those "
-                        "named like a module path)")
+                   help="--by module from the record_function ranges named PREFIX + a module path ('': those named "
+                        "like a module path; default: the module events where the trace has them, else those ranges)")
     p.add_argument("--compare-inductor", action="store_true",
                    help="beside each op, the per-kernel FLOPs of PyTorch's torch._inductor.analysis.profile_analysis "
                         "on the same trace, and why they differ")
