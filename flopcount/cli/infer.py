@@ -13,6 +13,10 @@ LEGEND = ("1 multiply-add = 2 FLOPs; k M G T = 1e3 1e6 1e9 1e12; bytes: each op'
           "once, the KV cache's own copies counted as the entries written (README: Inference)")
 
 
+NO_DEVICE = ("counts only: --device-spec NAME (see `flopcount peaks`) adds the time to first token, tokens/s, MFU, "
+             "MBU and the bound on that device; --device cpu measures them on this CPU")
+
+
 def add(sub) -> None:
     p = sub.add_parser("infer", help="a generation's prefill and decode with a KV cache (or one inference forward): "
                                      "FLOPs, bytes, roofline, MFU and MBU")
@@ -24,7 +28,9 @@ def add(sub) -> None:
     p.add_argument("--new", type=positive_int, default=None, metavar="M",
                    help="tokens generated per sequence (the prefill's and M - 1 decode steps')")
     p.add_argument("--batch", type=positive_int, default=1, metavar="B", help="sequences generated together")
-    p.add_argument("--dtype", choices=DTYPES, default=None, help="the model's dtype (default: as its config builds it)")
+    p.add_argument("--dtype", choices=DTYPES, default=None,
+                   help="the model's dtype (default: the dtype its config names, as it is served, said in the "
+                        "header; else float32)")
     p.add_argument("--device", choices=("meta", "cpu"), default="meta",
                    help="meta: count only (no weights); cpu: also time the generation on this CPU (random weights)")
     p.add_argument("--device-spec", default=None, metavar="NAME",
@@ -72,6 +78,8 @@ def run(args) -> int:
         print_frame(_frame(gen, args.by, args.depth), "csv")
         return EXIT_OK
     print(infer_table(result, args.by, depth=args.depth, top=args.top))
+    if result.prediction is None:
+        print(NO_DEVICE)
     return EXIT_OK
 
 
@@ -109,7 +117,8 @@ def infer_table(result, by: str = "phase", *, depth=None, top=None, width=None, 
 
     gen = result.generation
     title = [R.headline(gen.model, batch=gen.batch, prompt=gen.prompt_len or None, new=gen.new_tokens or None,
-                        dtype=gen.dtype, kernels=gen.as_device, device=gen.device if gen.device != "meta" else None)]
+                        dtype=gen.dtype + (f" ({result.dtype_source})" if result.dtype_source else ""),
+                        kernels=gen.as_device, device=gen.device if gen.device != "meta" else None)]
     notes = [f"note: {n}" for n in gen.notes] + [LEGEND]
     if by == "phase":
         f = gen.phases()

@@ -24,9 +24,12 @@ class Inference:
     generation: Generation
     prediction: Optional[Prediction] = None
     measured: Optional[Measured] = None
+    dtype_source: str = ""  # "config": the dtype the model's config names (the one it is served in)
 
     def to_dict(self) -> dict:
         d = self.generation.to_dict()
+        if self.dtype_source:
+            d["dtype_source"] = self.dtype_source
         d["steps"] = json.loads(self.generation.steps.to_json(orient="records"))
         # per module, op and phase: bytes as the ops ran, and by the byte rule (the cache's copies as entries written)
         d["ops"] = json.loads(self.generation.report.frame.to_json(orient="records"))
@@ -66,6 +69,12 @@ def from_spec(model_spec: str, *, prompt_len: Optional[int] = None, new_tokens: 
     dtype = parse_dtype(dtype)
     model, name = load_model(model_spec, device=device, train=False)
     model.eval()
+    dtype_source = ""
+    if dtype is None:
+        # a model is served in the dtype its config names (bf16 for most checkpoints), never in the float32 some
+        # transformers versions build it in from a config
+        dtype = config_dtype(model)
+        dtype_source = "config" if dtype is not None else ""
     if dtype is not None:
         model = model.to(dtype)
     if models_hf.is_hf(model) and getattr(model.config, "is_encoder_decoder", False):
@@ -93,12 +102,25 @@ def from_spec(model_spec: str, *, prompt_len: Optional[int] = None, new_tokens: 
         prediction = None
         if spec is not None:
             prediction = gen.on(spec, measured_tokens_per_s=measured_tokens_per_s, measured_ttft=measured_ttft)
-        return Inference(gen, prediction)
+        return Inference(gen, prediction, dtype_source=dtype_source)
     with model_errors(name):
         measured = timed()
     cpu = cpu_probe.cpu_spec(sorted({"float32", gen.dtype}))
     tps, ttft = measured_rates(gen, measured)
-    return Inference(gen, gen.on(cpu, measured_tokens_per_s=tps, measured_ttft=ttft), measured)
+    return Inference(gen, gen.on(cpu, measured_tokens_per_s=tps, measured_ttft=ttft), measured, dtype_source)
+
+
+def config_dtype(model) -> Optional[torch.dtype]:
+    """The floating-point dtype a transformers model's config names (``dtype``, formerly ``torch_dtype``), else
+    None (a model of another kind, or a config that names none)."""
+    config = getattr(model, "config", None) if models_hf.is_hf(model) else None
+    for key in ("dtype", "torch_dtype"):
+        value = getattr(config, key, None) if config is not None else None
+        if isinstance(value, str):
+            value = getattr(torch, value.replace("torch.", ""), None)
+        if isinstance(value, torch.dtype) and value.is_floating_point:
+            return value
+    return None
 
 
 # what a transformers model's example batch carries for its loss: left out of an inference forward
