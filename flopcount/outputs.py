@@ -36,6 +36,25 @@ def check_output(path, what: str = "the output") -> str:
     raise OutputError(f"{path} is {kind_of(mode)}: {what} is written only to a regular file or a new path")
 
 
+def check_writable(path, what: str = "the output") -> str:
+    """Raise OutputError where ``path`` (a file or a folder, new or not) could not be written: the nearest folder
+    on its path that exists is no folder, or this user cannot write to it (or it is on a read-only file system).
+    Said before any work, where writing would fail only at the end. Returns ``path`` as a string."""
+    path = os.fspath(path)
+    target = os.path.abspath(path)
+    if os.path.isdir(target):
+        folder = target
+    else:
+        folder = os.path.dirname(target)
+        while not os.path.lexists(folder) and os.path.dirname(folder) != folder:
+            folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        raise OutputError(f"cannot write {what} {path}: {folder} is not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OutputError(f"cannot write {what} {path}: the folder {folder} is not writable")
+    return path
+
+
 def atomic_write(path: str, data) -> None:
     """Write ``data`` (text or bytes) to ``path`` so that a reader never sees half a file and a crash loses nothing
     old. The file is replaced, never written through: a symlink at ``path`` is replaced, not followed; anything but a

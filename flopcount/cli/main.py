@@ -131,12 +131,30 @@ def fraction(text: str) -> float:
 
 
 def output_file(text: str) -> str:
-    """An output path (``--plot``): refused before any work where it is a device, a pipe or a directory."""
+    """A figure's path (``--plot``): refused before any work where it is a device, a pipe or a directory, where
+    its folder cannot be written, or where matplotlib, which draws it, is not installed."""
+    import importlib.util
+
     from ..errors import OutputError
-    from ..outputs import check_output
+    from ..outputs import check_output, check_writable
 
     try:
-        return check_output(text, "a figure")
+        path = check_writable(check_output(text, "a figure"), "the figure")
+    except OutputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if importlib.util.find_spec("matplotlib") is None:
+        raise argparse.ArgumentTypeError('needs matplotlib, which is not installed: pip install "flopcount[plot]"')
+    return path
+
+
+def output_folder(text: str) -> str:
+    """An output folder or name prefix (``study --out``, ``capture --out``): refused before any work where it, or the nearest folder above it that
+    exists, is no folder or cannot be written."""
+    from ..errors import OutputError
+    from ..outputs import check_writable
+
+    try:
+        return check_writable(text, "the output")
     except OutputError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

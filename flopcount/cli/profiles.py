@@ -4,8 +4,8 @@ recorded step; with ``--by step|phase|module``, of the steps, phases and modules
 ``flopcount capture``."""
 from __future__ import annotations
 
-from .main import (EXIT_OK, UsageError, add_format, add_model, add_top, positive_int, print_frame, print_json,
-                   records, warn)
+from .main import (EXIT_OK, UsageError, add_format, add_model, add_top, output_folder, positive_int, print_frame,
+                   print_json, records, warn)
 
 
 KERNEL_KEYS = ("device", "stream", "kernel")
@@ -44,7 +44,8 @@ def add(sub) -> None:
 
     p = sub.add_parser("capture", help="profile a training step (nsys + emit_nvtx, or torch.profiler with --kineto)")
     add_model(p)
-    p.add_argument("--out", default="run", help="output name (run.nsys-rep and run.sqlite; run.json.gz with --kineto)")
+    p.add_argument("--out", default="run", type=output_folder,
+                   help="output name (run.nsys-rep and run.sqlite; run.json.gz with --kineto)")
     p.add_argument("--kineto", action="store_true", help="record a torch.profiler trace instead (CPU or GPU)")
     p.add_argument("--steps", type=positive_int, default=1, help="marked steps to record (after one warm-up step)")
     add_format(p)

@@ -4,14 +4,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .main import (EXIT_CHECK_FAILED, EXIT_OK, add_format, natural_int, positive_float, positive_int, print_json,
-                   records, warn)
+from .main import (EXIT_CHECK_FAILED, EXIT_OK, add_format, natural_int, output_folder, positive_float, positive_int,
+                   print_json, records, warn)
 
 
 def add(sub) -> None:
     p = sub.add_parser("study", help="reproduce the 2021 P100 utilization study (same as python -m experiments.p100_study)")
     p.add_argument("--quick", action="store_true", help="a preset that finishes on a small CPU in minutes")
-    p.add_argument("--out", default="results/study", help="output folder")
+    p.add_argument("--out", default="results/study", type=output_folder, help="output folder")
     p.add_argument("--models", default=None, help="comma-separated model names (default: the study's 13)")
     p.add_argument("--batch-sizes", default=None, help="comma-separated batch sizes (default: 1,64,128)")
     p.add_argument("--methods", default=None, help="timing methods, a subset of theory,one,batch,epoch")
