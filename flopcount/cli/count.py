@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import sys
 
-from .main import (EXIT_CHECK_FAILED, EXIT_OK, add_format, add_model, add_parallel, add_top, natural_int,
-                   parallel_world, print_frame, print_json, records, warn)
+from .main import (EXIT_CHECK_FAILED, EXIT_OK, add_all, add_format, add_model, add_parallel, add_top,
+                   natural_int, parallel_world, print_frame, print_json, records, warn)
 
 DEFAULT_DEPTH = 2
 LEGEND = "1 multiply-add = 2 FLOPs; k M G T = 1e3 1e6 1e9 1e12; FLOP/B: FLOPs per byte read or written"
@@ -27,6 +27,7 @@ def add(sub) -> None:
                    help="--by module: fold a run of identical numbered blocks (layers.0 ... layers.23, same type, "
                         "parameters and FLOPs) into one row, layers.0-23 (x24), their submodules summed")
     add_top(p)
+    add_all(p)
     p.add_argument("--no-backward", action="store_true", help="forward only")
     p.add_argument("--train", action="store_true",
                    help="count in training mode a model its factory gives in eval mode (default: as given, with a "
@@ -96,7 +97,8 @@ def run(args) -> int:
         print_frame(report.by(args.by, depth=args.depth), "csv")
     else:
         depth = DEFAULT_DEPTH if args.by == "module" and args.depth is None else args.depth
-        print(count_table(report, args.by, depth=depth, top=args.top, collapse=args.collapse))
+        print(count_table(report, args.by, depth=depth, top=args.top, collapse=args.collapse,
+                          show_all=args.show_all))
     if mismatches is not None:
         if mismatches.empty:
             print(f"scaling: every op at batch {args.batch} is exactly {args.batch} x batch 1", file=sys.stderr)
@@ -107,8 +109,10 @@ def run(args) -> int:
     return EXIT_OK
 
 
-def count_table(report, by: str, *, depth=None, top=None, width=None, color=None, collapse: bool = False) -> str:
-    """The table of ``flopcount count``: per op, family, phase or module (a tree with ``depth``), with shares."""
+def count_table(report, by: str, *, depth=None, top=None, width=None, color=None, collapse: bool = False,
+                show_all: bool = False) -> str:
+    """The table of ``flopcount count``: per op, family, phase or module (a tree with ``depth``), with shares; per op
+    or family without the rows of 0 FLOPs (views, copies) unless ``show_all``, the footer says how many."""
     from . import render as R
 
     phases = [p for p in ("forward", "backward", "optimizer") if p in report.phases]
@@ -154,7 +158,8 @@ def count_table(report, by: str, *, depth=None, top=None, width=None, color=None
     cols = key + [R.Col(p, R.FLOPS, drop=6 if p != "optimizer" else 4) for p in phases] + [
         R.Col("total", R.FLOPS), R.Col("share", R.SHARE, drop=5), R.Col("bytes", R.BYTES, drop=3),
         R.Col("intensity", R.RATIO, "FLOP/B", drop=2), R.Col("calls", R.INT, drop=1)]
-    return R.table(g, cols, title=title, total=total, notes=notes, width=width, color=color)
+    g, cols, hidden = R.hide_empty(g, cols, show_all=show_all, zero_rows=["total"] if depth is None else ())
+    return R.table(g, cols, title=title, total=total, notes=hidden + notes, width=width, color=color)
 
 
 def mismatch_table(mismatches) -> str:

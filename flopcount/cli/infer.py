@@ -6,8 +6,8 @@ from __future__ import annotations
 import sys
 
 from ..dtypes import CHOICES as DTYPES
-from .main import (EXIT_OK, add_format, add_top, natural_int, positive_float, positive_int, print_frame, print_json,
-                   records, warn)
+from .main import (EXIT_OK, add_all, add_format, add_top, natural_int, positive_float, positive_int, print_frame,
+                   print_json, records, warn)
 
 LEGEND = ("1 multiply-add = 2 FLOPs; k M G T = 1e3 1e6 1e9 1e12; bytes: each op's inputs read and outputs written "
           "once, the KV cache's own copies counted as the entries written (README: Inference)")
@@ -49,6 +49,7 @@ def add(sub) -> None:
                    help="table: per phase (default), per forward, or per op family, op or module and phase")
     p.add_argument("--depth", type=natural_int, default=None, help="--by module: only modules down to this depth")
     add_top(p)
+    add_all(p)
     add_format(p)
 
 
@@ -77,7 +78,7 @@ def run(args) -> int:
     if args.format == "csv":
         print_frame(_frame(gen, args.by, args.depth), "csv")
         return EXIT_OK
-    print(infer_table(result, args.by, depth=args.depth, top=args.top))
+    print(infer_table(result, args.by, depth=args.depth, top=args.top, show_all=args.show_all))
     if result.prediction is None:
         print(NO_DEVICE)
     return EXIT_OK
@@ -111,8 +112,10 @@ def grouped(gen, by: str, depth=None):
     return g.sort_values("total", ascending=False, kind="stable")
 
 
-def infer_table(result, by: str = "phase", *, depth=None, top=None, width=None, color=None) -> str:
-    """The phase summary (or the table ``by`` asks for) and, on a device, each phase's roofline."""
+def infer_table(result, by: str = "phase", *, depth=None, top=None, width=None, color=None,
+                show_all: bool = False) -> str:
+    """The phase summary (or the table ``by`` asks for) and, on a device, each phase's roofline; without the
+    columns of zeros (a CNN's tokens and KV cache) and the rows of 0 FLOPs, unless ``show_all``."""
     from . import render as R
 
     gen = result.generation
@@ -128,9 +131,10 @@ def infer_table(result, by: str = "phase", *, depth=None, top=None, width=None, 
                 R.Col("intensity", R.RATIO, "FLOP/B", drop=7), R.Col("weights", R.BYTES, drop=6),
                 R.Col("kv_read", R.BYTES, "KV read", drop=5), R.Col("kv_written", R.BYTES, "KV written", drop=4),
                 R.Col("other", R.BYTES, drop=3), R.Col("op_bytes", R.BYTES, "op bytes", drop=1)]
+        f, cols, hidden = R.hide_empty(f, cols, show_all=show_all)
         out = [R.table(f, cols, title=title, width=width, color=color,
-                       notes=["weights, KV read, KV written, other: the parts of bytes; op bytes: as the ops ran, "
-                              "the cache's copies included"])]
+                       notes=hidden + ["weights, KV read, KV written, other: the parts of bytes; op bytes: as the ops "
+                                       "ran, the cache's copies included"])]
     elif by == "step":
         f = gen.steps
         if top is not None and len(f) > top:  # the first and last steps: where the context is shortest and longest
@@ -139,12 +143,14 @@ def infer_table(result, by: str = "phase", *, depth=None, top=None, width=None, 
                 R.Col("flops", R.FLOPS, "FLOPs"), R.Col("bytes", R.BYTES), R.Col("weights", R.BYTES, drop=5),
                 R.Col("kv_read", R.BYTES, "KV read", drop=4), R.Col("kv_written", R.BYTES, "KV written", drop=3),
                 R.Col("other", R.BYTES, drop=2), R.Col("op_bytes", R.BYTES, "op bytes", drop=1)]
+        f, cols, hidden = R.hide_empty(f, cols, show_all=show_all)
         out = [R.table(f, cols, title=title, width=width, color=color,
-                       notes=["context: tokens of each sequence so far, the step's own included (the keys its "
+                       notes=hidden + ["context: tokens of each sequence so far, the step's own included (the keys its "
                               "attention reads, at most a sliding window's)"])]
     else:
         g = grouped(gen, by, depth)
         sums = [c for c in g.columns]
+        g, _, hidden = R.hide_empty(g, [], show_all=show_all, zero_rows=["total"])
         g = R.top(g, top, "total", sums)
         phases = [p for p in gen.phase_names if p in g.columns]
         cols = ([R.Col(by)] + [R.Col(p, R.FLOPS, drop=5) for p in phases] + [R.Col("total", R.FLOPS)]
@@ -152,7 +158,7 @@ def infer_table(result, by: str = "phase", *, depth=None, top=None, width=None, 
                 + [R.Col("calls", R.INT, drop=1)])
         total = dict({p: gen.phase(p)["flops"] for p in phases}, total=int(g["total"].sum()),
                      calls=int(g["calls"].sum()), **{f"bytes_{p}": gen.phase(p)["bytes"] for p in phases})
-        out = [R.table(g, cols, title=title, total=total, width=width, color=color)]
+        out = [R.table(g, cols, title=title, total=total, width=width, color=color, notes=hidden)]
     if result.prediction is not None:
         out.append(roofline_table(result, width=width, color=color))
     out += [line for n in notes for line in R.wrap(n, width or R.terminal_width())]

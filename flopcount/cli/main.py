@@ -177,6 +177,11 @@ def add_top(p: argparse.ArgumentParser) -> None:
                    help="table: the N largest rows, the rest summed into one 'other' row (csv and json keep all)")
 
 
+def add_all(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--all", dest="show_all", action="store_true",
+                   help="table: also the rows of 0 FLOPs and the columns of zeros it hides (csv and json keep all)")
+
+
 def add_model(p: argparse.ArgumentParser, batch_default: Optional[int] = 1, batch: bool = True,
               tokens: bool = False) -> None:
     p.add_argument("model", help="torchvision name (resnet50), hf:ID_OR_DIR (a transformers config), "

@@ -4,7 +4,7 @@ recorded step; with ``--by step|phase|module``, of the steps, phases and modules
 ``flopcount capture``."""
 from __future__ import annotations
 
-from .main import (EXIT_OK, UsageError, add_format, add_model, add_top, output_folder, positive_int, print_frame,
+from .main import (EXIT_OK, UsageError, add_all, add_format, add_model, add_top, output_folder, positive_int, print_frame,
                    print_json, records, warn)
 
 
@@ -24,6 +24,7 @@ def add(sub) -> None:
                         "prefix + a module path (default: flopcount.nvtx's, else the default domain's ranges named "
                         "like a module path)")
     add_top(p)
+    add_all(p)
     add_format(p)
 
     p = sub.add_parser("trace", help="per-op FLOPs, device time and FLOP/s from a torch.profiler trace")
@@ -40,6 +41,7 @@ def add(sub) -> None:
                    help="beside each op, the per-kernel FLOPs of PyTorch's torch._inductor.analysis.profile_analysis "
                         "on the same trace, and why they differ")
     add_top(p)
+    add_all(p)
     add_format(p)
 
     p = sub.add_parser("capture", help="profile a training step (nsys + emit_nvtx, or torch.profiler with --kineto)")
@@ -159,7 +161,7 @@ def _print(args, a, kind: str) -> int:
     warned = [n for n in a.notes if n.startswith("this profile was recorded without")]
     for note in warned:
         warn(note)
-    print(nsys_table(a, args.profile, naive=args.naive, top=args.top, kind=kind,
+    print(nsys_table(a, args.profile, naive=args.naive, top=args.top, kind=kind, show_all=args.show_all,
                      notes=[f"note: {n}" for n in a.notes if n not in warned]))
     return EXIT_OK
 
@@ -178,9 +180,10 @@ def _capture(args) -> int:
 
 
 def nsys_table(a, profile: str, naive: bool = False, top=None, notes=(), width=None, color=None,
-               kind: str = "nsys") -> str:
+               kind: str = "nsys", show_all: bool = False) -> str:
     """Per op and phase: FLOPs (de-duplicated and naive), calls, kernels, device time with its share, FLOP/s
-    (CPU time on a trace without device activity)."""
+    (CPU time on a trace without device activity); the columns of zeros (a CPU trace's kernels) hidden unless
+    ``show_all``."""
     from . import render as R
 
     ops = a.ops.set_index(["op", "phase"])[["flops", "naive_flops", "calls", "kernels", "gpu_s"]]
@@ -220,7 +223,8 @@ def nsys_table(a, profile: str, naive: bool = False, top=None, notes=(), width=N
         if unknown:
             notes.insert(0, "-: FLOPs not known, NOT in the totals: " + "; ".join(
                 f"{what}: {', '.join(names)}" for what, names in _unknown_kinds(a, unknown).items()))
-    return R.table(f, cols, title=title, total=total, notes=notes, width=width, color=color)
+    f, cols, hidden = R.hide_empty(f, cols, show_all=show_all)
+    return R.table(f, cols, title=title, total=total, notes=hidden + notes, width=width, color=color)
 
 
 def time_footer(a, limit: int = 6) -> list:

@@ -238,6 +238,34 @@ def table(frame, cols: Sequence[Col], *, title: Iterable[str] = (), total: Optio
     return "\n".join(out)
 
 
+def hide_empty(frame, cols: Sequence[Col], *, show_all: bool = False, zero_rows: Sequence[str] = (),
+               rows_are: str = "rows of 0 FLOPs (views, copies)"):
+    """(``frame`` less its rows whose ``zero_rows`` values are all 0, ``cols`` less the columns that may be left
+    out (``drop``) and hold nothing but 0 or no value, the footer line that says what was hidden), so that a default
+    table shows what says something; ``show_all`` (``--all``) hides nothing."""
+    import pandas as pd
+
+    if show_all:
+        return frame, list(cols), []
+    hidden_rows = 0
+    if zero_rows and len(frame):
+        empty = (frame[list(zero_rows)].apply(pd.to_numeric, errors="coerce").fillna(0) == 0).all(axis=1)
+        if 0 < int(empty.sum()) < len(frame):  # a table of nothing but such rows keeps them
+            frame, hidden_rows = frame[~empty.to_numpy()], int(empty.sum())
+    f = frame.reset_index() if any(c.key not in frame.columns for c in cols) else frame
+    gone = []
+    if len(f):
+        for c in cols:
+            if c.drop is not None and c.kind in _NUMERIC | {AUTO} and c.key in f.columns:
+                values = pd.to_numeric(f[c.key], errors="coerce").fillna(0)
+                if bool((values == 0).all()):
+                    gone.append(c)
+    said = ([f"{hidden_rows} {rows_are}"] if hidden_rows else []) + (
+        [f"column{'s' if len(gone) > 1 else ''} of zeros ({', '.join(c.title for c in gone)})"] if gone else [])
+    footer = [f"(hidden: {'; '.join(said)}; --all shows them, as --format csv does)"] if said else []
+    return frame, [c for c in cols if c not in gone], footer
+
+
 def _columns(frame, cols: Sequence[Col]):
     """The values of ``cols``, row by row, from a DataFrame (its index a column too) or from dicts."""
     if isinstance(frame, list):
