@@ -47,7 +47,7 @@ def test_count_hides_the_ops_of_0_flops_and_says_how_many(spec, capsys):
     out = capsys.readouterr().out
     shown = _table_rows(out)
     assert not set(zero) & set(shown) and set(shown) == set(every.index) - set(zero)
-    assert f"(hidden: {len(zero)} rows of 0 FLOPs (views, copies); --all shows them" in out
+    assert f"(hidden: {len(zero)} row(s) of 0 FLOPs (views, copies); --all shows them" in out
     assert cli(argv + ["--all"]) == 0
     out = capsys.readouterr().out
     assert set(_table_rows(out)) == set(every.index) and "hidden" not in out

@@ -239,7 +239,7 @@ def table(frame, cols: Sequence[Col], *, title: Iterable[str] = (), total: Optio
 
 
 def hide_empty(frame, cols: Sequence[Col], *, show_all: bool = False, zero_rows: Sequence[str] = (),
-               rows_are: str = "rows of 0 FLOPs (views, copies)"):
+               rows_are: str = "row(s) of 0 FLOPs (views, copies)"):
     """(``frame`` less its rows whose ``zero_rows`` values are all 0, ``cols`` less the columns that may be left
     out (``drop``) and hold nothing but 0 or no value, the footer line that says what was hidden), so that a default
     table shows what says something; ``show_all`` (``--all``) hides nothing."""
