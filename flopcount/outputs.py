@@ -15,6 +15,7 @@ from .errors import OutputError
 
 
 def kind_of(mode: int) -> str:
+    """A file mode's kind in words (``a directory``, ``a named pipe (FIFO)``, ...)."""
     return ("a directory" if stat.S_ISDIR(mode) else "a named pipe (FIFO)" if stat.S_ISFIFO(mode) else
             "a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode) else
             "a socket" if stat.S_ISSOCK(mode) else "not a regular file")

@@ -13,6 +13,7 @@ LEGEND = "1 multiply-add = 2 FLOPs; k M G T = 1e3 1e6 1e9 1e12; FLOP/B: FLOPs pe
 
 
 def add(sub) -> None:
+    """Declare ``flopcount count`` and its arguments."""
     p = sub.add_parser("count", help="FLOPs of a training step, per op, module or phase")
     add_model(p, tokens=True)
     p.add_argument("--estimator", default="dispatch", help="estimator name (see `flopcount compare --help`)")
@@ -44,6 +45,7 @@ def add(sub) -> None:
 
 
 def run(args) -> int:
+    """Run ``flopcount count``: one count of the model's step, printed as asked; its exit code."""
     from .. import count, eval_mode_note, get_estimator
     from ..errors import FlopcountError, model_errors
     from ..inputs import input_source
@@ -209,6 +211,7 @@ def _headline(report) -> str:
 
 
 def mismatch_table(mismatches) -> str:
+    """The ops of ``--check-scaling`` that do not scale with the batch, with their exact counts."""
     from . import render as R
 
     # exact counts: a mismatch of a few FLOPs would vanish in SI units

@@ -18,6 +18,7 @@ NO_DEVICE = ("counts only: --device-spec NAME (see `flopcount peaks`) adds the t
 
 
 def add(sub) -> None:
+    """Declare ``flopcount infer`` and its arguments."""
     p = sub.add_parser("infer", help="a generation's prefill and decode with a KV cache (or one inference forward): "
                                      "FLOPs, bytes, roofline, MFU and MBU")
     p.add_argument("model", help="hf:ID_OR_DIR (a transformers causal LM: its generation; any other model, "
@@ -54,6 +55,7 @@ def add(sub) -> None:
 
 
 def run(args) -> int:
+    """Run ``flopcount infer``: a generation's (or a forward's) count, roofline or measured run, printed as asked."""
     from tqdm import tqdm
 
     from ..infer import from_spec
@@ -166,6 +168,8 @@ def infer_table(result, by: str = "phase", *, depth=None, top=None, width=None, 
 
 
 def roofline_table(result, width=None, color=None) -> str:
+    """Each phase's roofline on the device: its least time, per forward and token, tokens/s, the bound, and MFU and MBU
+    where a rate was measured."""
     from . import render as R
 
     pred = result.prediction

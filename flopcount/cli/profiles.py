@@ -12,6 +12,7 @@ KERNEL_KEYS = ("device", "stream", "kernel")
 
 
 def add(sub) -> None:
+    """Declare ``flopcount nsys``, ``trace`` and ``capture`` and their arguments."""
     p = sub.add_parser("nsys", help="per-op FLOPs and GPU time from an Nsight Systems SQLite export")
     p.add_argument("profile", help="PROFILE.sqlite (nsys export --type sqlite)")
     p.add_argument("--naive", action="store_true", help="count the way the 2021 study's tool did")
@@ -54,6 +55,7 @@ def add(sub) -> None:
 
 
 def run(args) -> int:
+    """Run ``nsys``, ``trace`` or ``capture``: read (or record) a profile and print it as asked."""
     if args.command == "capture":
         return _capture(args)
     if args.command == "trace":

@@ -56,6 +56,7 @@ class Col:
 
     @property
     def title(self) -> str:
+        """The header shown: ``header`` where given, else the key."""
         return self.header if self.header is not None else self.key
 
 
@@ -115,6 +116,7 @@ def seconds(value, digits: int = 3) -> str:
 
 
 def share(value) -> str:
+    """A share as a percentage (``<0.1%`` for a small non-zero one), ``-`` where unknown."""
     if _missing(value):
         return "-"
     v = float(value)
@@ -124,10 +126,12 @@ def share(value) -> str:
 
 
 def delta(value) -> str:
+    """A relative difference as a signed percentage, ``-`` where unknown."""
     return "-" if _missing(value) else f"{100 * float(value):+.1f}%"
 
 
 def ratio(value, digits: int = 3) -> str:
+    """A ratio with ``digits`` significant digits, ``-`` where unknown."""
     if _missing(value):
         return "-"
     v = float(value)
@@ -168,10 +172,13 @@ def fmt(value, kind: str = AUTO, unit: str = "") -> str:
 
 # --- the terminal -----------------------------------------------------------------------------------------------
 def terminal_width() -> int:
+    """The width to fit tables to: the terminal's (``COLUMNS`` first), 120 without one."""
     return shutil.get_terminal_size(fallback=(_FALLBACK_WIDTH, 24)).columns or _FALLBACK_WIDTH
 
 
 def use_color(stream=None) -> bool:
+    """Whether to colour what goes to ``stream`` (stdout by default): a terminal, without ``NO_COLOR`` or
+    ``TERM=dumb``."""
     stream = stream if stream is not None else sys.stdout
     if "NO_COLOR" in os.environ or os.environ.get("TERM") == "dumb":
         return False
@@ -281,6 +288,7 @@ def _columns(frame, cols: Sequence[Col]):
 
 
 def show(frame, cols: Sequence[Col], **kw) -> None:
+    """Print ``table(frame, cols, **kw)``."""
     print(table(frame, cols, **kw))
 
 

@@ -9,6 +9,7 @@ from .main import (EXIT_CHECK_FAILED, EXIT_OK, add_format, natural_int, output_f
 
 
 def add(sub) -> None:
+    """Declare ``flopcount study`` and its arguments."""
     p = sub.add_parser("study", help="reproduce the 2021 P100 utilization study (same as python -m experiments.p100_study)")
     p.add_argument("--quick", action="store_true", help="a preset that finishes on a small CPU in minutes")
     p.add_argument("--out", default="results/study", type=output_folder, help="output folder")
@@ -36,6 +37,7 @@ def add(sub) -> None:
 
 
 def run(args) -> int:
+    """Run ``flopcount study``: the grid into the output folder, then its summary as asked."""
     from ..study import run_study, study_config
 
     config = study_config(args)

@@ -48,6 +48,7 @@ def _lstm_dims(x, w_ih, hidden_size, mode):
 @register("aten.mkldnn_rnn_layer", family="recurrent")
 def mkldnn_rnn_layer(x, w_ih, w_hh, b_ih, b_hh, hx, cx, reverse, batch_sizes, mode, hidden_size, num_layers,
                      has_biases, *_, out_shape=None, **__):
+    """The formula of ``aten.mkldnn_rnn_layer``: its FLOPs from the shapes of its arguments."""
     tokens, i, h = _lstm_dims(x, w_ih, hidden_size, mode)
     return tokens * (8 * h * (i + h) + FORWARD_GATES * h + 4 * h * bool(has_biases))
 
@@ -55,5 +56,6 @@ def mkldnn_rnn_layer(x, w_ih, w_hh, b_ih, b_hh, hx, cx, reverse, batch_sizes, mo
 @register("aten.mkldnn_rnn_layer_backward", family="recurrent")
 def mkldnn_rnn_layer_backward(x, w_ih, w_hh, b_ih, b_hh, hx, cx, output, hy, cy, grad_output, grad_hy, grad_cy,
                               reverse, mode, hidden_size, num_layers, has_biases, *_, out_shape=None, **__):
+    """The formula of ``aten.mkldnn_rnn_layer_backward``: its FLOPs from the shapes of its arguments."""
     tokens, i, h = _lstm_dims(x, w_ih, hidden_size, mode)
     return tokens * (16 * h * (i + h) + BACKWARD_GATES * h + 4 * h * bool(has_biases))

@@ -27,6 +27,7 @@ class Inference:
     dtype_source: str = ""  # "config": the dtype the model's config names (the one it is served in)
 
     def to_dict(self) -> dict:
+        """``flopcount infer``'s json document: the count, its steps and ops, the roofline and the measured run."""
         d = self.generation.to_dict()
         if self.dtype_source:
             d["dtype_source"] = self.dtype_source

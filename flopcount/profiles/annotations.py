@@ -46,6 +46,7 @@ from .profile import Profile, ProfileError
 
 def analyze(prof):
     # the formula table behind the analysis needs torch: loaded when an analysis is made, not with this module
+    """The de-duplicated analysis of ``prof`` (its FLOPs per op)."""
     from .dedup import analyze as analyze_profile
 
     return analyze_profile(prof)
@@ -73,6 +74,7 @@ class Annotations:
 
     @property
     def has_flops(self) -> bool:
+        """Whether the ops' FLOPs are known (markers with shapes)."""
         return self.ops is not None
 
     def step_seconds(self) -> np.ndarray:
@@ -81,6 +83,7 @@ class Annotations:
         return (s["end"] - s["start"]).to_numpy(np.int64) / 1e9
 
     def by(self, key: str = "step") -> pd.DataFrame:
+        """The table per ``step``, ``phase`` or ``module``."""
         if key == "step":
             return self._by_step()
         if key == "phase":

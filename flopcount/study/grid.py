@@ -42,6 +42,7 @@ from .store import (COLUMNS, COUNT, ERROR, FIGURES, KEY, OK, OOM, RATIO_COLUMNS,
 
 @dataclass
 class Task:
+    """One row of the grid: a model, batch size and method, counted or timed on a device."""
     model: str
     batch_size: int
     method: str
@@ -50,6 +51,7 @@ class Task:
 
     @property
     def key(self) -> dict:
+        """The row's key in the results file."""
         return dict(model=self.model, batch_size=self.batch_size, method=self.method, device=self.device)
 
 
