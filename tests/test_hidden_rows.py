@@ -79,4 +79,6 @@ def test_infer_of_a_cnn_shows_no_kv_cache_columns(capsys):
     out = capsys.readouterr().out
     header = next(line for line in out.splitlines() if line.startswith("phase"))
     assert "KV" not in header
+    # a CNN takes no tokens: one forward over its samples
+    assert header.split()[:3] == ["phase", "forwards", "samples"] and "FLOPs/sample" in header
     assert "(hidden: columns of zeros (KV read, KV written); --all shows them" in out

@@ -127,9 +127,11 @@ def infer_table(result, by: str = "phase", *, depth=None, top=None, width=None, 
     notes = [f"note: {n}" for n in gen.notes] + [LEGEND]
     if by == "phase":
         f = gen.phases()
-        cols = [R.Col("phase"), R.Col("forwards", R.INT, drop=9), R.Col("tokens", R.INT, drop=8),
-                R.Col("flops", R.FLOPS, "FLOPs"), R.Col("flops_per_token", R.FLOPS, "FLOPs/token"),
-                R.Col("bytes", R.BYTES), R.Col("bytes_per_token", R.BYTES, "bytes/token"),
+        # one forward of a model that takes no token ids (a CNN): its "tokens" are its samples
+        unit = "sample" if gen.phase_names == ("forward",) and not gen.prompt_len else "token"
+        cols = [R.Col("phase"), R.Col("forwards", R.INT, drop=9), R.Col("tokens", R.INT, f"{unit}s", drop=8),
+                R.Col("flops", R.FLOPS, "FLOPs"), R.Col("flops_per_token", R.FLOPS, f"FLOPs/{unit}"),
+                R.Col("bytes", R.BYTES), R.Col("bytes_per_token", R.BYTES, f"bytes/{unit}"),
                 R.Col("intensity", R.RATIO, "FLOP/B", drop=7), R.Col("weights", R.BYTES, drop=6),
                 R.Col("kv_read", R.BYTES, "KV read", drop=5), R.Col("kv_written", R.BYTES, "KV written", drop=4),
                 R.Col("other", R.BYTES, drop=3), R.Col("op_bytes", R.BYTES, "op bytes", drop=1)]

@@ -115,13 +115,13 @@ def config_dtype(model) -> Optional[torch.dtype]:
     """The floating-point dtype a transformers model's config names (``dtype``, formerly ``torch_dtype``), else
     None (a model of another kind, or a config that names none)."""
     config = getattr(model, "config", None) if models_hf.is_hf(model) else None
-    for key in ("dtype", "torch_dtype"):
-        value = getattr(config, key, None) if config is not None else None
-        if isinstance(value, str):
-            value = getattr(torch, value.replace("torch.", ""), None)
-        if isinstance(value, torch.dtype) and value.is_floating_point:
-            return value
-    return None
+    if config is None:
+        return None
+    # transformers 5 names it dtype and warns on every read of the old name; older versions have only torch_dtype
+    value = getattr(config, "dtype" if "dtype" in dir(config) else "torch_dtype", None)
+    if isinstance(value, str):
+        value = getattr(torch, value.replace("torch.", ""), None)
+    return value if isinstance(value, torch.dtype) and value.is_floating_point else None
 
 
 # what a transformers model's example batch carries for its loss: left out of an inference forward
