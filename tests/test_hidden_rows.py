@@ -82,3 +82,22 @@ def test_infer_of_a_cnn_shows_no_kv_cache_columns(capsys):
     # a CNN takes no tokens: one forward over its samples
     assert header.split()[:3] == ["phase", "forwards", "samples"] and "FLOPs/sample" in header
     assert "(hidden: columns of zeros (KV read, KV written); --all shows them" in out
+
+
+def test_a_long_estimator_failure_is_cut_at_a_word(spec, capsys, monkeypatch):
+    ops_fx = pytest.importorskip("pthflops.ops_fx")
+    words = " ".join(f"word{i}" for i in range(120))  # one sentence, longer than a line may be
+
+    class Boom:
+        def __init__(self, traced):
+            pass
+
+        def run(self, *args):
+            raise RuntimeError(f"cannot trace {words}")
+
+    monkeypatch.setattr(ops_fx, "ProfilingInterpreter", Boom)  # pthflops itself fails, as on an untraceable model
+    assert cli(["compare", spec, "--input-shape", "10", "--estimators", "pthflops"]) == 0
+    err = capsys.readouterr().err
+    warning = next(line for line in err.splitlines() if "pthflops failed" in line)
+    said = warning.rsplit("...", 1)[0].split("cannot trace ", 1)[1].split()
+    assert warning.endswith("...") and said == words.split()[:len(said)]  # whole words only, in order

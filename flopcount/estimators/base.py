@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Callable, Dict, Optional, Protocol, Tuple, runtime_checkable
 
-from ..errors import FlopcountError, one_line
+from ..errors import FlopcountError, one_line, shorten
 from ..report import PHASES, FlopReport
 # the peers watch modules, and call the model as the step does, through these
 from ..model_calls import call_model, module_stack  # noqa: F401
@@ -433,4 +433,4 @@ def untouched(model):
 
 def run_failed(name: str, exc: BaseException) -> EstimatorError:
     """A peer that raised on this model: one line naming the estimator and its error."""
-    return EstimatorError(f"{name} failed on this model: {one_line(exc)}"[:300])
+    return EstimatorError(shorten(f"{name} failed on this model: {one_line(exc)}", 300))
