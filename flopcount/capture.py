@@ -61,6 +61,8 @@ NOISE = re.compile(r"^(USDT|INFO|WARNING|ERROR):\S* .*(SyncActivityProfilerHandl
 
 @contextmanager
 def quiet_profiler():
+    """Silence what Kineto prints straight to the process's stderr (its start and stop probes, a missing GPU) while the
+    block runs."""
     try:
         sys.stderr.flush()
         saved = os.dup(2)
@@ -173,10 +175,12 @@ class StepReading:
 
     @property
     def seconds_median(self) -> float:
+        """The median time of the recorded steps, in seconds."""
         return float(np.median(self.seconds))
 
     @property
     def seconds_total(self) -> float:
+        """The recorded steps' time together, in seconds."""
         return float(self.seconds.sum())
 
 

@@ -30,6 +30,7 @@ def cpu_model() -> str:
 
 
 def cache_path() -> str:
+    """The file that keeps this CPU's measured peaks (in ``FLOPCOUNT_CACHE_DIR``, else the user's cache folder)."""
     base = os.environ.get("FLOPCOUNT_CACHE_DIR")
     if not base:
         base = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),

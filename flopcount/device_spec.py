@@ -32,6 +32,7 @@ class DeviceSpec:
     link_source: str = ""
 
     def peak(self, precision: str) -> float:
+        """The dense peak FLOP/s at ``precision``; UnknownPeak where the device has none for it."""
         if precision not in PRECISIONS:
             raise UnknownPeak(f"unknown precision {precision!r}; expected one of {', '.join(PRECISIONS)}")
         value = self.peaks.get(precision)
@@ -50,6 +51,7 @@ class DeviceSpec:
         return {p: v / self.bandwidth for p, v in self.peaks.items()}
 
     def to_dict(self) -> dict:
+        """The spec as plain JSON-ready values."""
         return {"name": self.name, "peaks": dict(self.peaks), "bandwidth": self.bandwidth, "source": self.source,
                 "aliases": list(self.aliases), "note": self.note, "measured": self.measured, "kernels": self.kernels,
                 "nvlink": self.nvlink, "network": self.network, "gpus_per_node": self.gpus_per_node,

@@ -59,8 +59,20 @@ class OutputError(FlopcountError):
     was written before is kept."""
 
 
+def shorten(text: str, limit: int = 300) -> str:
+    """``text`` in at most ``limit`` characters: a longer one is cut at a word and ends in ``...``, so that no line
+    stops in the middle of a word."""
+    if len(text) <= limit:
+        return text
+    cut = text.rfind(" ", 0, limit - 2)
+    if cut < limit // 2:  # one huge word (a path, a repr): cut inside it
+        cut = limit - 3
+    return text[:cut].rstrip(" ,;:") + "..."
+
+
 def one_line(exc: BaseException, limit: int = 300) -> str:
-    """``Type: first line of the message`` (the type alone where there is no message), at most ``limit`` chars.
+    """``Type: first line of the message`` (the type alone where there is no message), at most ``limit`` chars
+    (cut at a word, with ``...``).
 
     A FlopcountError's message already says what to do, so it is given without its type."""
     text = (str(exc).strip().splitlines() or [""])[0].strip()
@@ -68,7 +80,7 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
         line = text or type(exc).__name__
     else:
         line = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-    return line[:limit]
+    return shorten(line, limit)
 
 
 def reason(exc: BaseException, limit: int = 120) -> str:

@@ -49,6 +49,7 @@ def random_like(t: torch.Tensor, device, dtype: Optional[torch.dtype] = None, ge
 
 
 def random_on(x, device, dtype: Optional[torch.dtype] = None, generator=None):
+    """``x`` (a tensor or a structure of them) as seeded random tensors on ``device``."""
     return tree_map(lambda t: random_like(t, device, dtype, generator) if isinstance(t, torch.Tensor) else t, x)
 
 

@@ -21,12 +21,14 @@ def unwrap(model):
 
 
 def model_device(model) -> torch.device:
+    """The device of the model's first parameter or buffer (the CPU for a model without any)."""
     for t in list(model.parameters()) + list(model.buffers()):
         return t.device
     return torch.device("cpu")
 
 
 def model_float_dtype(model) -> Optional[torch.dtype]:
+    """The dtype of the model's first floating-point parameter, or None."""
     for p in model.parameters():
         if p.dtype.is_floating_point:
             return p.dtype

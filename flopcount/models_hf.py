@@ -66,6 +66,7 @@ def _quiet(transformers):
 
 
 def load(source: str, device: str = "cpu") -> torch.nn.Module:
+    """A transformers model built from the config of ``source`` (a folder or a hub id), without weights."""
     check_source(source)  # a missing local path is refused before the hub is asked
     transformers = _transformers()
     with _quiet(transformers):
@@ -129,6 +130,7 @@ def _auto_class(transformers, config):
 
 
 def is_hf(model) -> bool:
+    """Whether ``model`` is a transformers model."""
     return type(model).__module__.startswith("transformers.") and hasattr(model, "config")
 
 
@@ -150,6 +152,7 @@ text_config, max_positions = _text_config, _max_positions
 
 
 def default_seq_len(model) -> int:
+    """The sequence length of a transformers model's example input: its context, capped."""
     limit = _max_positions(_text_config(model.config))
     return min(DEFAULT_SEQ_LEN, limit) if limit else DEFAULT_SEQ_LEN
 

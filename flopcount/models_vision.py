@@ -41,6 +41,7 @@ def builder(name: str):
 
 
 def family(name: str) -> Optional[str]:
+    """The torchvision family of model ``name`` (``classification``, ``detection``, ...), or None."""
     import torchvision.models as tvm
 
     try:
@@ -55,6 +56,7 @@ def family(name: str) -> Optional[str]:
 
 
 def builder_kwargs(builder, num_classes: Optional[int] = None) -> dict:
+    """The keyword arguments that build a torchvision model without any weights (and with ``num_classes``)."""
     params = inspect.signature(builder).parameters
     kwargs = {"weights": None}
     if "weights_backbone" in params:
@@ -67,6 +69,7 @@ def builder_kwargs(builder, num_classes: Optional[int] = None) -> dict:
 
 
 def weights_entries(name: str) -> list:
+    """The torchvision weights enums of model ``name``."""
     import torchvision.models as tvm
 
     try:
@@ -76,6 +79,7 @@ def weights_entries(name: str) -> list:
 
 
 def crop_size(weights) -> Optional[int]:
+    """The crop size of a torchvision weights entry's transforms, or None."""
     keywords = getattr(weights.transforms, "keywords", None) or {}
     crop = keywords.get("crop_size")
     if isinstance(crop, (tuple, list)):
@@ -92,6 +96,7 @@ def image_size(name: str) -> Optional[int]:
 
 
 def sample_shape(name: str, model=None) -> Optional[Tuple[int, ...]]:
+    """The shape of one sample of torchvision model ``name``'s input, from its family and weights, or None."""
     fam = family(name)
     if fam in ("classification", "quantization"):
         side = image_size(name)

@@ -15,6 +15,7 @@ from .errors import OutputError
 
 
 def kind_of(mode: int) -> str:
+    """A file mode's kind in words (``a directory``, ``a named pipe (FIFO)``, ...)."""
     return ("a directory" if stat.S_ISDIR(mode) else "a named pipe (FIFO)" if stat.S_ISFIFO(mode) else
             "a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode) else
             "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
@@ -34,6 +35,25 @@ def check_output(path, what: str = "the output") -> str:
     if stat.S_ISREG(mode) or stat.S_ISLNK(mode):
         return path
     raise OutputError(f"{path} is {kind_of(mode)}: {what} is written only to a regular file or a new path")
+
+
+def check_writable(path, what: str = "the output") -> str:
+    """Raise OutputError where ``path`` (a file or a folder, new or not) could not be written: the nearest folder
+    on its path that exists is no folder, or this user cannot write to it (or it is on a read-only file system).
+    Said before any work, where writing would fail only at the end. Returns ``path`` as a string."""
+    path = os.fspath(path)
+    target = os.path.abspath(path)
+    if os.path.isdir(target):
+        folder = target
+    else:
+        folder = os.path.dirname(target)
+        while not os.path.lexists(folder) and os.path.dirname(folder) != folder:
+            folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        raise OutputError(f"cannot write {what} {path}: {folder} is not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OutputError(f"cannot write {what} {path}: the folder {folder} is not writable")
+    return path
 
 
 def atomic_write(path: str, data) -> None:

@@ -90,6 +90,7 @@ class OverheadResult:
 
     @property
     def verdict(self) -> str:
+        """The batch-doubling test's conclusion in one line."""
         if self.not_enough:
             return self.not_enough
         upto = self.overhead_bound_up_to

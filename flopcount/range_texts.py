@@ -10,10 +10,12 @@ STEP_PREFIX = "step "
 
 
 def module_label(path: str, module=None) -> str:
+    """A module's label in a range: its dotted path, or ``[ClassName]`` for the root."""
     return path if path else f"[{type(module).__name__ if module is not None else ''}]"
 
 
 def module_text(direction: str, label: str) -> str:
+    """A module range's text: ``direction: label``."""
     return f"{direction}: {label}"
 
 

@@ -139,6 +139,7 @@ class FlopReport:
 
     @classmethod
     def from_rows(cls, rows: Iterable[dict], **meta) -> "FlopReport":
+        """A report from rows (module, op, phase, flops, ...) and its metadata."""
         import pandas as pd
 
         rows = list(rows)
@@ -161,10 +162,12 @@ class FlopReport:
         return int(f["flops"].sum())
 
     def total_bytes(self, phase: Optional[str] = None) -> int:
+        """Bytes read and written by the ops (of ``phase``, or all)."""
         f = self.frame if phase is None else self.frame[self.frame["phase"] == phase]
         return int(f["bytes"].sum())
 
     def covers(self, phase: str) -> bool:
+        """Whether the report covers ``phase``."""
         return phase in self.phases
 
     @property
@@ -329,6 +332,7 @@ class FlopReport:
 
     # --- output -------------------------------------------------------------------------------------------
     def summary(self) -> dict:
+        """The totals per phase with the model, batch and estimator."""
         flops = {p: (self.total(p) if p in self.phases else None) for p in PHASES if p in self.phases}
         flops["total"] = self.total()
         return {
@@ -343,6 +347,7 @@ class FlopReport:
         }
 
     def to_dict(self) -> dict:
+        """The report as ``count --format json``'s document."""
         d = self.summary()
         d["ops"] = json.loads(self.frame.to_json(orient="records"))
         d.update({k: v for k, v in self.meta.items() if k not in d and k not in _NOT_SERIALIZED})
@@ -351,12 +356,14 @@ class FlopReport:
         return d
 
     def to_json(self, path: Optional[str] = None, indent: Optional[int] = None) -> str:
+        """The report as JSON text, written to ``path`` too where given."""
         text = json.dumps(self.to_dict(), indent=indent)
         if path is not None:
             atomic_write(path, text)
         return text
 
     def to_csv(self, path: Optional[str] = None) -> str:
+        """The report's rows as CSV text, written to ``path`` too where given."""
         text = self.frame.to_csv(index=False)
         if path is not None:
             atomic_write(path, text)

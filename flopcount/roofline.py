@@ -111,10 +111,12 @@ class Roofline:
 
     @property
     def flops(self) -> int:
+        """The FLOPs of every op."""
         return int(self.ops["flops"].sum())
 
     @property
     def bytes(self) -> int:
+        """The bytes every op reads and writes."""
         return int(self.ops["bytes"].sum())
 
     @property
@@ -124,6 +126,7 @@ class Roofline:
 
     @property
     def seconds_per_flop(self) -> float:
+        """The roofline time per FLOP."""
         return self.seconds / self.flops if self.flops else math.nan
 
     @property
@@ -175,6 +178,7 @@ class Roofline:
 
     @property
     def unexplained_share(self) -> Optional[float]:
+        """The share of the measured time the roofline does not account for (None without a measurement)."""
         if not self.measured_seconds:
             return None
         return 1.0 - self.seconds / self.measured_seconds
@@ -202,6 +206,7 @@ class Roofline:
         return g.drop(columns=["_tmem", "_tcomm"]).sort_values("t_roofline", ascending=False, kind="stable")
 
     def summary(self) -> dict:
+        """The roofline's totals as plain JSON-ready values."""
         return {
             "model": self.model, "batch_size": self.batch_size, "device": self.spec.name,
             "bandwidth": self.spec.bandwidth, "flops": self.flops, "bytes": self.bytes,

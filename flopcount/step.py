@@ -153,6 +153,7 @@ def make_loss(loss_fn: Optional[Callable] = None, target=None) -> Callable:
 def default_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
     # Plain SGD: its step costs the same every time (no lazily created state), so the counted step and the
     # timed steps agree.
+    """The step's optimizer when none is given: SGD, learning rate 0.01, over the trainable parameters."""
     return torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.01)
 
 

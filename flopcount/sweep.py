@@ -71,6 +71,7 @@ def repeated_mul(r: int) -> Callable:
 
 
 def rungs(max_r: int) -> List[int]:
+    """The powers of two up to ``max_r``."""
     if max_r < 1:
         raise SweepError(f"max r must be a positive integer, not {max_r!r}")
     return [2 ** i for i in range(int(math.log2(max_r)) + 1)]
@@ -104,6 +105,7 @@ class Sweep:
     notes: List[str] = field(default_factory=list)
 
     def summary(self) -> dict:
+        """The sweep's result as plain JSON-ready values."""
         return {"size": self.size, "dtype": self.dtype, "device": self.device, "crossover_r": self.crossover_r,
                 "reached": self.reached, "best_flop_per_s": float(self.frame["flop_per_s"].max()),
                 "best_bytes_per_s": float(self.frame["bytes_per_s"].max()), "notes": list(self.notes)}

@@ -50,32 +50,39 @@ class Measurement:
 
     @property
     def runs(self) -> int:
+        """The number of timed runs."""
         return len(self.times)
 
     steps = runs
 
     @property
     def median(self) -> float:
+        """The median time, in seconds."""
         return float(statistics.median(self.times))
 
     @property
     def min(self) -> float:
+        """The shortest time, in seconds."""
         return min(self.times)
 
     @property
     def mean(self) -> float:
+        """The mean time, in seconds."""
         return float(statistics.fmean(self.times))
 
     @property
     def q1(self) -> float:
+        """The first quartile of the times (inclusive method)."""
         return self._quartiles()[0]
 
     @property
     def q3(self) -> float:
+        """The third quartile of the times (inclusive method)."""
         return self._quartiles()[2]
 
     @property
     def iqr(self) -> float:
+        """The interquartile range of the times."""
         q1, _, q3 = self._quartiles()
         return q3 - q1
 
@@ -98,6 +105,7 @@ class Measurement:
         return f"{self.median * scale:.4g} {unit} (IQR {self.iqr * scale:.2g}, {self.runs} runs)"
 
     def to_dict(self) -> dict:
+        """The measurement as plain JSON-ready values."""
         return {"median": self.median, "iqr": self.iqr, "q1": self.q1, "q3": self.q3, "min": self.min,
                 "runs": self.runs, "times": list(self.times), "warmup": self.warmup, "clock": self.clock}
 

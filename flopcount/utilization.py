@@ -78,6 +78,7 @@ class Utilization:
     input: Dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
+        """The result as a dict of its fields."""
         return asdict(self)
 
 

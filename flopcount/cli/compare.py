@@ -8,6 +8,7 @@ from .main import EXIT_OK, add_format, add_model, output_file, print_json, warn
 
 
 def add(sub) -> None:
+    """Declare ``flopcount compare`` and its arguments."""
     p = sub.add_parser("compare", help="FLOPs by several estimators, op x estimator, differences explained")
     add_model(p, tokens=True)
     p.add_argument("--estimators", default="all", help="all, or a comma-separated list (dispatch is always included)")
@@ -17,6 +18,7 @@ def add(sub) -> None:
 
 
 def run(args) -> int:
+    """Run ``flopcount compare``: every estimator on the model, printed as a table, csv or json; its exit code."""
     from ..compare import compare, to_json
     from ..errors import model_errors
     from ..estimators.base import resolve_names

@@ -1,16 +1,19 @@
 """``flopcount count MODEL``: FLOPs of a training step, per op, module, family or phase."""
 from __future__ import annotations
 
+import json
 import sys
 
-from .main import (EXIT_CHECK_FAILED, EXIT_OK, add_format, add_model, add_parallel, add_top, natural_int,
-                   parallel_world, print_frame, print_json, records, warn)
+from .collectives import collective_table, family_apart
+from .main import (EXIT_CHECK_FAILED, EXIT_OK, add_all, add_format, add_model, add_parallel, add_top,
+                   natural_int, parallel_world, print_frame, print_json, records, warn)
 
 DEFAULT_DEPTH = 2
 LEGEND = "1 multiply-add = 2 FLOPs; k M G T = 1e3 1e6 1e9 1e12; FLOP/B: FLOPs per byte read or written"
 
 
 def add(sub) -> None:
+    """Declare ``flopcount count`` and its arguments."""
     p = sub.add_parser("count", help="FLOPs of a training step, per op, module or phase")
     add_model(p, tokens=True)
     p.add_argument("--estimator", default="dispatch", help="estimator name (see `flopcount compare --help`)")
@@ -18,8 +21,8 @@ def add(sub) -> None:
                    help="run the step on meta tensors (no compute) or for real on the CPU")
     p.add_argument("--as", dest="as_device", choices=("cpu", "cuda"), default="cpu",
                    help="on meta, take the kernels a run on this device would (attention, LSTM)")
-    p.add_argument("--by", choices=("op", "module", "phase", "family"), default=None,
-                   help="table grouping (default op; module with --depth)")
+    p.add_argument("--by", choices=("op", "module", "phase", "family", "collective"), default=None,
+                   help="table grouping (default op; module with --depth); collective: a sharded step's collectives")
     p.add_argument("--depth", type=natural_int, default=None,
                    help=f"--by module as a tree down to this depth, each module summing its submodules (table: "
                         f"default {DEFAULT_DEPTH}; csv and json stay one flat row per module unless it is given)")
@@ -27,6 +30,10 @@ def add(sub) -> None:
                    help="--by module: fold a run of identical numbered blocks (layers.0 ... layers.23, same type, "
                         "parameters and FLOPs) into one row, layers.0-23 (x24), their submodules summed")
     add_top(p)
+    add_all(p)
+    p.add_argument("--device-spec", default=None, metavar="NAME",
+                   help="with --fsdp/--tp: the link each collective crosses on this device's machines (see "
+                        "`flopcount peaks`) and its time there")
     p.add_argument("--no-backward", action="store_true", help="forward only")
     p.add_argument("--train", action="store_true",
                    help="count in training mode a model its factory gives in eval mode (default: as given, with a "
@@ -38,6 +45,7 @@ def add(sub) -> None:
 
 
 def run(args) -> int:
+    """Run ``flopcount count``: one count of the model's step, printed as asked; its exit code."""
     from .. import count, eval_mode_note, get_estimator
     from ..errors import FlopcountError, model_errors
     from ..inputs import input_source
@@ -54,6 +62,14 @@ def run(args) -> int:
     if world is not None and (args.device != "meta" or args.check_scaling or args.estimator != "dispatch"):
         raise FlopcountError("--fsdp/--tp count one rank on a fake process group: on meta, with the dispatch "
                              "estimator, without --check-scaling")
+    if world is None and (args.by == "collective" or args.device_spec is not None):
+        raise FlopcountError(f"{'--by collective' if args.by == 'collective' else '--device-spec'} applies to a "
+                             "sharded count: give --fsdp N and/or --tp M")
+    spec = None
+    if args.device_spec is not None:
+        from ..datasheet import get_device
+
+        spec = get_device(args.device_spec)  # an unknown name fails here, before the count
     # an estimator that runs the model needs real weights and inputs; the dispatch counter needs neither
     real = get_estimator(args.estimator).capabilities.real_weights
     model, inputs, name = build(args.model, batch=args.batch, input_shape=args.input_shape,
@@ -83,8 +99,15 @@ def run(args) -> int:
     if report.uncounted:
         warn("ops without a formula (their FLOPs are NOT in the totals): "
              + ", ".join(f"{op} x{n}" for op, n in report.uncounted.items()))
+    comm = None
+    if world is not None:
+        from ..distributed.links import collectives
+
+        comm = collectives(report, spec)
     if args.format == "json":
         doc = report.to_dict()
+        if comm is not None:  # a time of nanoseconds keeps its digits (records() keeps 10 decimal places)
+            doc["collectives"] = json.loads(comm.to_json(orient="records", double_precision=15))
         if args.depth is not None:
             tree = report.by("module", depth=args.depth, collapse=args.collapse)
             doc["modules"] = records(tree.assign(type=[tree.attrs["types"].get(m, "") for m in tree.index])
@@ -93,10 +116,20 @@ def run(args) -> int:
             doc["scaling"] = {"batch": args.batch, "ok": mismatches.empty, "mismatches": records(mismatches)}
         print_json(doc)
     elif args.format == "csv":
-        print_frame(report.by(args.by, depth=args.depth), "csv")
+        if args.by == "collective":
+            print_frame(comm.set_index("kind"), "csv")
+        else:
+            g = report.by(args.by, depth=args.depth)
+            print_frame(family_apart(g) if args.by == "family" else g, "csv")
+    elif args.by == "collective":
+        print(collective_table(comm, args.device_spec, title=[_headline(report)]))
     else:
         depth = DEFAULT_DEPTH if args.by == "module" and args.depth is None else args.depth
-        print(count_table(report, args.by, depth=depth, top=args.top, collapse=args.collapse))
+        print(count_table(report, args.by, depth=depth, top=args.top, collapse=args.collapse,
+                          show_all=args.show_all))
+        if comm is not None and len(comm) and args.by == "op":  # the default table's section of collectives
+            print()
+            print(collective_table(comm, args.device_spec, title=["collectives of this rank:"]))
     if mismatches is not None:
         if mismatches.empty:
             print(f"scaling: every op at batch {args.batch} is exactly {args.batch} x batch 1", file=sys.stderr)
@@ -107,15 +140,15 @@ def run(args) -> int:
     return EXIT_OK
 
 
-def count_table(report, by: str, *, depth=None, top=None, width=None, color=None, collapse: bool = False) -> str:
-    """The table of ``flopcount count``: per op, family, phase or module (a tree with ``depth``), with shares."""
+def count_table(report, by: str, *, depth=None, top=None, width=None, color=None, collapse: bool = False,
+                show_all: bool = False) -> str:
+    """The table of ``flopcount count``: per op, family, phase or module (a tree with ``depth``), with shares; per op
+    or family without the rows of 0 FLOPs (views, copies) unless ``show_all``, the footer says how many."""
     from . import render as R
 
     phases = [p for p in ("forward", "backward", "optimizer") if p in report.phases]
     grand = report.total()
-    title = [R.headline(report.model or "model", batch=report.batch_size, input=R.input_label(report.meta),
-                        estimator=report.estimator, device=report.meta.get("device"),
-                        phases=",".join(report.phases), **{"class": report.meta.get("model_class")})]
+    title = [_headline(report)]
     notes = [f"note: {n}" for n in report.notes]
     notes.append(LEGEND)
     if by == "phase":
@@ -145,19 +178,40 @@ def count_table(report, by: str, *, depth=None, top=None, width=None, color=None
                      for name, first in tree.attrs["tied"].items() if _tied_module(name) in set(g.index)]
         total = None  # the root row is the total
     else:
-        g = R.top(report.by(by), top, "total", values)
+        g = report.by(by)
+        memory = report.total_bytes()
+        if by == "family" and "collective" in g.index:  # bytes over links are no memory traffic
+            g = family_apart(g)
+            memory -= int(g["sent"].sum())
+            values = values + ["sent"]
+        g = R.top(g, top, "total", values)
         key = [R.Col(by)]
         total = dict({p: report.total(p) for p in phases}, total=grand, share=1.0 if grand else None,
-                     bytes=report.total_bytes(), intensity=_intensity(grand, report.total_bytes()),
-                     calls=int(report.frame["calls"].sum()))
+                     bytes=memory, intensity=_intensity(grand, memory), calls=int(report.frame["calls"].sum()))
+        if "sent" in g.columns:
+            total["sent"] = int(g["sent"].sum())
     g = g.assign(share=g["total"] / grand if grand else float("nan"), intensity=_intensity(g["total"], g["bytes"]))
     cols = key + [R.Col(p, R.FLOPS, drop=6 if p != "optimizer" else 4) for p in phases] + [
         R.Col("total", R.FLOPS), R.Col("share", R.SHARE, drop=5), R.Col("bytes", R.BYTES, drop=3),
         R.Col("intensity", R.RATIO, "FLOP/B", drop=2), R.Col("calls", R.INT, drop=1)]
-    return R.table(g, cols, title=title, total=total, notes=notes, width=width, color=color)
+    if "sent" in g.columns:
+        cols.insert(-2, R.Col("sent", R.BYTES, "sent over links", drop=4))
+        notes.insert(0, "bytes: memory traffic; sent over links: the bytes this rank's collectives send "
+                        "(`--by collective` has them per kind and group)")
+    g, cols, hidden = R.hide_empty(g, cols, show_all=show_all, zero_rows=["total"] if depth is None else ())
+    return R.table(g, cols, title=title, total=total, notes=hidden + notes, width=width, color=color)
+
+
+def _headline(report) -> str:
+    from . import render as R
+
+    return R.headline(report.model or "model", batch=report.batch_size, input=R.input_label(report.meta),
+                      estimator=report.estimator, device=report.meta.get("device"), phases=",".join(report.phases),
+                      **{"class": report.meta.get("model_class")})
 
 
 def mismatch_table(mismatches) -> str:
+    """The ops of ``--check-scaling`` that do not scale with the batch, with their exact counts."""
     from . import render as R
 
     # exact counts: a mismatch of a few FLOPs would vanish in SI units

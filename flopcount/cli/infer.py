@@ -6,14 +6,19 @@ from __future__ import annotations
 import sys
 
 from ..dtypes import CHOICES as DTYPES
-from .main import (EXIT_OK, add_format, add_top, natural_int, positive_float, positive_int, print_frame, print_json,
-                   records, warn)
+from .main import (EXIT_OK, add_all, add_format, add_top, natural_int, positive_float, positive_int, print_frame,
+                   print_json, records, warn)
 
 LEGEND = ("1 multiply-add = 2 FLOPs; k M G T = 1e3 1e6 1e9 1e12; bytes: each op's inputs read and outputs written "
           "once, the KV cache's own copies counted as the entries written (README: Inference)")
 
 
+NO_DEVICE = ("counts only: --device-spec NAME (see `flopcount peaks`) adds the time to first token, tokens/s, MFU, "
+             "MBU and the bound on that device; --device cpu measures them on this CPU")
+
+
 def add(sub) -> None:
+    """Declare ``flopcount infer`` and its arguments."""
     p = sub.add_parser("infer", help="a generation's prefill and decode with a KV cache (or one inference forward): "
                                      "FLOPs, bytes, roofline, MFU and MBU")
     p.add_argument("model", help="hf:ID_OR_DIR (a transformers causal LM: its generation; any other model, "
@@ -24,7 +29,9 @@ def add(sub) -> None:
     p.add_argument("--new", type=positive_int, default=None, metavar="M",
                    help="tokens generated per sequence (the prefill's and M - 1 decode steps')")
     p.add_argument("--batch", type=positive_int, default=1, metavar="B", help="sequences generated together")
-    p.add_argument("--dtype", choices=DTYPES, default=None, help="the model's dtype (default: as its config builds it)")
+    p.add_argument("--dtype", choices=DTYPES, default=None,
+                   help="the model's dtype (default: the dtype its config names, as it is served, said in the "
+                        "header; else float32)")
     p.add_argument("--device", choices=("meta", "cpu"), default="meta",
                    help="meta: count only (no weights); cpu: also time the generation on this CPU (random weights)")
     p.add_argument("--device-spec", default=None, metavar="NAME",
@@ -43,10 +50,12 @@ def add(sub) -> None:
                    help="table: per phase (default), per forward, or per op family, op or module and phase")
     p.add_argument("--depth", type=natural_int, default=None, help="--by module: only modules down to this depth")
     add_top(p)
+    add_all(p)
     add_format(p)
 
 
 def run(args) -> int:
+    """Run ``flopcount infer``: a generation's (or a forward's) count, roofline or measured run, printed as asked."""
     from tqdm import tqdm
 
     from ..infer import from_spec
@@ -71,7 +80,9 @@ def run(args) -> int:
     if args.format == "csv":
         print_frame(_frame(gen, args.by, args.depth), "csv")
         return EXIT_OK
-    print(infer_table(result, args.by, depth=args.depth, top=args.top))
+    print(infer_table(result, args.by, depth=args.depth, top=args.top, show_all=args.show_all))
+    if result.prediction is None:
+        print(NO_DEVICE)
     return EXIT_OK
 
 
@@ -103,25 +114,31 @@ def grouped(gen, by: str, depth=None):
     return g.sort_values("total", ascending=False, kind="stable")
 
 
-def infer_table(result, by: str = "phase", *, depth=None, top=None, width=None, color=None) -> str:
-    """The phase summary (or the table ``by`` asks for) and, on a device, each phase's roofline."""
+def infer_table(result, by: str = "phase", *, depth=None, top=None, width=None, color=None,
+                show_all: bool = False) -> str:
+    """The phase summary (or the table ``by`` asks for) and, on a device, each phase's roofline; without the
+    columns of zeros (a CNN's tokens and KV cache) and the rows of 0 FLOPs, unless ``show_all``."""
     from . import render as R
 
     gen = result.generation
     title = [R.headline(gen.model, batch=gen.batch, prompt=gen.prompt_len or None, new=gen.new_tokens or None,
-                        dtype=gen.dtype, kernels=gen.as_device, device=gen.device if gen.device != "meta" else None)]
+                        dtype=gen.dtype + (f" ({result.dtype_source})" if result.dtype_source else ""),
+                        kernels=gen.as_device, device=gen.device if gen.device != "meta" else None)]
     notes = [f"note: {n}" for n in gen.notes] + [LEGEND]
     if by == "phase":
         f = gen.phases()
-        cols = [R.Col("phase"), R.Col("forwards", R.INT, drop=9), R.Col("tokens", R.INT, drop=8),
-                R.Col("flops", R.FLOPS, "FLOPs"), R.Col("flops_per_token", R.FLOPS, "FLOPs/token"),
-                R.Col("bytes", R.BYTES), R.Col("bytes_per_token", R.BYTES, "bytes/token"),
+        # one forward of a model that takes no token ids (a CNN): its "tokens" are its samples
+        unit = "sample" if gen.phase_names == ("forward",) and not gen.prompt_len else "token"
+        cols = [R.Col("phase"), R.Col("forwards", R.INT, drop=9), R.Col("tokens", R.INT, f"{unit}s", drop=8),
+                R.Col("flops", R.FLOPS, "FLOPs"), R.Col("flops_per_token", R.FLOPS, f"FLOPs/{unit}"),
+                R.Col("bytes", R.BYTES), R.Col("bytes_per_token", R.BYTES, f"bytes/{unit}"),
                 R.Col("intensity", R.RATIO, "FLOP/B", drop=7), R.Col("weights", R.BYTES, drop=6),
                 R.Col("kv_read", R.BYTES, "KV read", drop=5), R.Col("kv_written", R.BYTES, "KV written", drop=4),
                 R.Col("other", R.BYTES, drop=3), R.Col("op_bytes", R.BYTES, "op bytes", drop=1)]
+        f, cols, hidden = R.hide_empty(f, cols, show_all=show_all)
         out = [R.table(f, cols, title=title, width=width, color=color,
-                       notes=["weights, KV read, KV written, other: the parts of bytes; op bytes: as the ops ran, "
-                              "the cache's copies included"])]
+                       notes=hidden + ["weights, KV read, KV written, other: the parts of bytes; op bytes: as the ops "
+                                       "ran, the cache's copies included"])]
     elif by == "step":
         f = gen.steps
         if top is not None and len(f) > top:  # the first and last steps: where the context is shortest and longest
@@ -130,12 +147,14 @@ def infer_table(result, by: str = "phase", *, depth=None, top=None, width=None, 
                 R.Col("flops", R.FLOPS, "FLOPs"), R.Col("bytes", R.BYTES), R.Col("weights", R.BYTES, drop=5),
                 R.Col("kv_read", R.BYTES, "KV read", drop=4), R.Col("kv_written", R.BYTES, "KV written", drop=3),
                 R.Col("other", R.BYTES, drop=2), R.Col("op_bytes", R.BYTES, "op bytes", drop=1)]
+        f, cols, hidden = R.hide_empty(f, cols, show_all=show_all)
         out = [R.table(f, cols, title=title, width=width, color=color,
-                       notes=["context: tokens of each sequence so far, the step's own included (the keys its "
+                       notes=hidden + ["context: tokens of each sequence so far, the step's own included (the keys its "
                               "attention reads, at most a sliding window's)"])]
     else:
         g = grouped(gen, by, depth)
         sums = [c for c in g.columns]
+        g, _, hidden = R.hide_empty(g, [], show_all=show_all, zero_rows=["total"])
         g = R.top(g, top, "total", sums)
         phases = [p for p in gen.phase_names if p in g.columns]
         cols = ([R.Col(by)] + [R.Col(p, R.FLOPS, drop=5) for p in phases] + [R.Col("total", R.FLOPS)]
@@ -143,7 +162,7 @@ def infer_table(result, by: str = "phase", *, depth=None, top=None, width=None, 
                 + [R.Col("calls", R.INT, drop=1)])
         total = dict({p: gen.phase(p)["flops"] for p in phases}, total=int(g["total"].sum()),
                      calls=int(g["calls"].sum()), **{f"bytes_{p}": gen.phase(p)["bytes"] for p in phases})
-        out = [R.table(g, cols, title=title, total=total, width=width, color=color)]
+        out = [R.table(g, cols, title=title, total=total, width=width, color=color, notes=hidden)]
     if result.prediction is not None:
         out.append(roofline_table(result, width=width, color=color))
     out += [line for n in notes for line in R.wrap(n, width or R.terminal_width())]
@@ -151,6 +170,8 @@ def infer_table(result, by: str = "phase", *, depth=None, top=None, width=None, 
 
 
 def roofline_table(result, width=None, color=None) -> str:
+    """Each phase's roofline on the device: its least time, per forward and token, tokens/s, the bound, and MFU and MBU
+    where a rate was measured."""
     from . import render as R
 
     pred = result.prediction

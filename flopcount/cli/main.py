@@ -92,10 +92,12 @@ def records(frame) -> list:
 
 
 def warn(msg: str) -> None:
+    """Say ``flopcount: warning: MSG`` on stderr."""
     print(f"flopcount: warning: {msg}", file=sys.stderr)
 
 
 def positive_int(text: str) -> int:
+    """An argument that must be an integer of 1 or more."""
     value = _number(text, int)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, not {text!r}")
@@ -103,6 +105,7 @@ def positive_int(text: str) -> int:
 
 
 def natural_int(text: str) -> int:
+    """An argument that must be an integer of 0 or more."""
     value = _number(text, int)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, not {text!r}")
@@ -110,6 +113,7 @@ def natural_int(text: str) -> int:
 
 
 def positive_float(text: str) -> float:
+    """An argument that must be a finite number above 0."""
     value = _number(text, float)
     if not (value > 0 and value != float("inf")):
         raise argparse.ArgumentTypeError(f"must be a positive number, not {text!r}")
@@ -117,6 +121,7 @@ def positive_float(text: str) -> float:
 
 
 def natural_float(text: str) -> float:
+    """An argument that must be a finite number of 0 or more."""
     value = _number(text, float)
     if not (0 <= value < float("inf")):
         raise argparse.ArgumentTypeError(f"must be 0 or more, not {text!r}")
@@ -124,6 +129,7 @@ def natural_float(text: str) -> float:
 
 
 def fraction(text: str) -> float:
+    """An argument that must be a number strictly between 0 and 1."""
     value = _number(text, float)
     if not 0 < value < 1:
         raise argparse.ArgumentTypeError(f"must be a number between 0 and 1, not {text!r}")
@@ -131,12 +137,30 @@ def fraction(text: str) -> float:
 
 
 def output_file(text: str) -> str:
-    """An output path (``--plot``): refused before any work where it is a device, a pipe or a directory."""
+    """A figure's path (``--plot``): refused before any work where it is a device, a pipe or a directory, where
+    its folder cannot be written, or where matplotlib, which draws it, is not installed."""
+    import importlib.util
+
     from ..errors import OutputError
-    from ..outputs import check_output
+    from ..outputs import check_output, check_writable
 
     try:
-        return check_output(text, "a figure")
+        path = check_writable(check_output(text, "a figure"), "the figure")
+    except OutputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if importlib.util.find_spec("matplotlib") is None:
+        raise argparse.ArgumentTypeError('needs matplotlib, which is not installed: pip install "flopcount[plot]"')
+    return path
+
+
+def output_folder(text: str) -> str:
+    """An output folder or name prefix (``study --out``, ``capture --out``): refused before any work where it, or the nearest folder above it that
+    exists, is no folder or cannot be written."""
+    from ..errors import OutputError
+    from ..outputs import check_writable
+
+    try:
+        return check_writable(text, "the output")
     except OutputError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -149,18 +173,27 @@ def _number(text: str, cast):
 
 
 def add_format(p: argparse.ArgumentParser) -> None:
+    """The ``--format`` and ``--no-progress`` options every command takes."""
     p.add_argument("--format", choices=FORMATS, default="table", help="output format (json: one document on stdout)")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (bars are drawn on stderr, and only when it is a terminal)")
 
 
 def add_top(p: argparse.ArgumentParser) -> None:
+    """The ``--top N`` option of a table."""
     p.add_argument("--top", type=positive_int, default=None, metavar="N",
                    help="table: the N largest rows, the rest summed into one 'other' row (csv and json keep all)")
 
 
+def add_all(p: argparse.ArgumentParser) -> None:
+    """The ``--all`` option: a table's hidden rows of 0 FLOPs and columns of zeros shown."""
+    p.add_argument("--all", dest="show_all", action="store_true",
+                   help="table: also the rows of 0 FLOPs and the columns of zeros it hides (csv and json keep all)")
+
+
 def add_model(p: argparse.ArgumentParser, batch_default: Optional[int] = 1, batch: bool = True,
               tokens: bool = False) -> None:
+    """The MODEL argument and the options that build its input (batch, shape, classes, sequence length)."""
     p.add_argument("model", help="torchvision name (resnet50), hf:ID_OR_DIR (a transformers config), "
                                  "path/to/file.py:factory or package.module:attr")
     if batch:
@@ -199,6 +232,7 @@ def parallel_world(args) -> Optional[dict]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``flopcount`` parser with every command's subparser."""
     from .. import __version__
 
     parser = _Parser(prog="flopcount", description="Count the FLOPs of a PyTorch training step and measure how "
@@ -217,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    """Run the ``flopcount`` command line ``argv`` (the process's own when None); return the exit code."""
     from .streams import ForgivingStream, one_line_warnings, stdout_closed
 
     saved_stderr = sys.stderr

@@ -4,14 +4,15 @@ recorded step; with ``--by step|phase|module``, of the steps, phases and modules
 ``flopcount capture``."""
 from __future__ import annotations
 
-from .main import (EXIT_OK, UsageError, add_format, add_model, add_top, positive_int, print_frame, print_json,
-                   records, warn)
+from .main import (EXIT_OK, UsageError, add_all, add_format, add_model, add_top, output_folder, positive_int, print_frame,
+                   print_json, records, warn)
 
 
 KERNEL_KEYS = ("device", "stream", "kernel")
 
 
 def add(sub) -> None:
+    """Declare ``flopcount nsys``, ``trace`` and ``capture`` and their arguments."""
     p = sub.add_parser("nsys", help="per-op FLOPs and GPU time from an Nsight Systems SQLite export")
     p.add_argument("profile", help="PROFILE.sqlite (nsys export --type sqlite)")
     p.add_argument("--naive", action="store_true", help="count the way the 2021 study's tool did")
@@ -24,32 +25,37 @@ def add(sub) -> None:
                         "prefix + a module path (default: flopcount.nvtx's, else the default domain's ranges named "
                         "like a module path)")
     add_top(p)
+    add_all(p)
     add_format(p)
 
     p = sub.add_parser("trace", help="per-op FLOPs, device time and FLOP/s from a torch.profiler trace")
     p.add_argument("profile", metavar="TRACE", help="TRACE.json or TRACE.json.gz (torch.profiler, record_shapes=True)")
     p.add_argument("--naive", action="store_true", help="every kernel x every enclosing op, as the 2021 study")
     p.add_argument("--by", choices=("op", "phase", "module") + KERNEL_KEYS, default="op",
-                   help="op, phase, module (your record_function ranges named by module path, features.0), or "
-                        "the kernels by device, stream or kernel name")
+                   help="op, phase, module (PyTorch's module events of a with_stack=True trace, else your "
+                        "record_function ranges named by module path, features.0), or the kernels by device, stream "
+                        "or kernel name")
     p.add_argument("--module-ranges", metavar="PREFIX", default=None,
-                   help="--by module from the record_function ranges named PREFIX + a module path (default: those "
-                        "named like a module path)")
+                   help="--by module from the record_function ranges named PREFIX + a module path ('': those named "
+                        "like a module path; default: the module events where the trace has them, else those ranges)")
     p.add_argument("--compare-inductor", action="store_true",
                    help="beside each op, the per-kernel FLOPs of PyTorch's torch._inductor.analysis.profile_analysis "
                         "on the same trace, and why they differ")
     add_top(p)
+    add_all(p)
     add_format(p)
 
     p = sub.add_parser("capture", help="profile a training step (nsys + emit_nvtx, or torch.profiler with --kineto)")
     add_model(p)
-    p.add_argument("--out", default="run", help="output name (run.nsys-rep and run.sqlite; run.json.gz with --kineto)")
+    p.add_argument("--out", default="run", type=output_folder,
+                   help="output name (run.nsys-rep and run.sqlite; run.json.gz with --kineto)")
     p.add_argument("--kineto", action="store_true", help="record a torch.profiler trace instead (CPU or GPU)")
     p.add_argument("--steps", type=positive_int, default=1, help="marked steps to record (after one warm-up step)")
     add_format(p)
 
 
 def run(args) -> int:
+    """Run ``nsys``, ``trace`` or ``capture``: read (or record) a profile and print it as asked."""
     if args.command == "capture":
         return _capture(args)
     if args.command == "trace":
@@ -157,7 +163,7 @@ def _print(args, a, kind: str) -> int:
     warned = [n for n in a.notes if n.startswith("this profile was recorded without")]
     for note in warned:
         warn(note)
-    print(nsys_table(a, args.profile, naive=args.naive, top=args.top, kind=kind,
+    print(nsys_table(a, args.profile, naive=args.naive, top=args.top, kind=kind, show_all=args.show_all,
                      notes=[f"note: {n}" for n in a.notes if n not in warned]))
     return EXIT_OK
 
@@ -176,9 +182,10 @@ def _capture(args) -> int:
 
 
 def nsys_table(a, profile: str, naive: bool = False, top=None, notes=(), width=None, color=None,
-               kind: str = "nsys") -> str:
+               kind: str = "nsys", show_all: bool = False) -> str:
     """Per op and phase: FLOPs (de-duplicated and naive), calls, kernels, device time with its share, FLOP/s
-    (CPU time on a trace without device activity)."""
+    (CPU time on a trace without device activity); the columns of zeros (a CPU trace's kernels) hidden unless
+    ``show_all``."""
     from . import render as R
 
     ops = a.ops.set_index(["op", "phase"])[["flops", "naive_flops", "calls", "kernels", "gpu_s"]]
@@ -218,7 +225,8 @@ def nsys_table(a, profile: str, naive: bool = False, top=None, notes=(), width=N
         if unknown:
             notes.insert(0, "-: FLOPs not known, NOT in the totals: " + "; ".join(
                 f"{what}: {', '.join(names)}" for what, names in _unknown_kinds(a, unknown).items()))
-    return R.table(f, cols, title=title, total=total, notes=notes, width=width, color=color)
+    f, cols, hidden = R.hide_empty(f, cols, show_all=show_all)
+    return R.table(f, cols, title=title, total=total, notes=hidden + notes, width=width, color=color)
 
 
 def time_footer(a, limit: int = 6) -> list:

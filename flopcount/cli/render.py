@@ -56,6 +56,7 @@ class Col:
 
     @property
     def title(self) -> str:
+        """The header shown: ``header`` where given, else the key."""
         return self.header if self.header is not None else self.key
 
 
@@ -115,6 +116,7 @@ def seconds(value, digits: int = 3) -> str:
 
 
 def share(value) -> str:
+    """A share as a percentage (``<0.1%`` for a small non-zero one), ``-`` where unknown."""
     if _missing(value):
         return "-"
     v = float(value)
@@ -124,10 +126,12 @@ def share(value) -> str:
 
 
 def delta(value) -> str:
+    """A relative difference as a signed percentage, ``-`` where unknown."""
     return "-" if _missing(value) else f"{100 * float(value):+.1f}%"
 
 
 def ratio(value, digits: int = 3) -> str:
+    """A ratio with ``digits`` significant digits, ``-`` where unknown."""
     if _missing(value):
         return "-"
     v = float(value)
@@ -168,10 +172,13 @@ def fmt(value, kind: str = AUTO, unit: str = "") -> str:
 
 # --- the terminal -----------------------------------------------------------------------------------------------
 def terminal_width() -> int:
+    """The width to fit tables to: the terminal's (``COLUMNS`` first), 120 without one."""
     return shutil.get_terminal_size(fallback=(_FALLBACK_WIDTH, 24)).columns or _FALLBACK_WIDTH
 
 
 def use_color(stream=None) -> bool:
+    """Whether to colour what goes to ``stream`` (stdout by default): a terminal, without ``NO_COLOR`` or
+    ``TERM=dumb``."""
     stream = stream if stream is not None else sys.stdout
     if "NO_COLOR" in os.environ or os.environ.get("TERM") == "dumb":
         return False
@@ -238,6 +245,34 @@ def table(frame, cols: Sequence[Col], *, title: Iterable[str] = (), total: Optio
     return "\n".join(out)
 
 
+def hide_empty(frame, cols: Sequence[Col], *, show_all: bool = False, zero_rows: Sequence[str] = (),
+               rows_are: str = "row(s) of 0 FLOPs (views, copies)"):
+    """(``frame`` less its rows whose ``zero_rows`` values are all 0, ``cols`` less the columns that may be left
+    out (``drop``) and hold nothing but 0 or no value, the footer line that says what was hidden), so that a default
+    table shows what says something; ``show_all`` (``--all``) hides nothing."""
+    import pandas as pd
+
+    if show_all:
+        return frame, list(cols), []
+    hidden_rows = 0
+    if zero_rows and len(frame):
+        empty = (frame[list(zero_rows)].apply(pd.to_numeric, errors="coerce").fillna(0) == 0).all(axis=1)
+        if 0 < int(empty.sum()) < len(frame):  # a table of nothing but such rows keeps them
+            frame, hidden_rows = frame[~empty.to_numpy()], int(empty.sum())
+    f = frame.reset_index() if any(c.key not in frame.columns for c in cols) else frame
+    gone = []
+    if len(f):
+        for c in cols:
+            if c.drop is not None and c.kind in _NUMERIC | {AUTO} and c.key in f.columns:
+                values = pd.to_numeric(f[c.key], errors="coerce").fillna(0)
+                if bool((values == 0).all()):
+                    gone.append(c)
+    said = ([f"{hidden_rows} {rows_are}"] if hidden_rows else []) + (
+        [f"column{'s' if len(gone) > 1 else ''} of zeros ({', '.join(c.title for c in gone)})"] if gone else [])
+    footer = [f"(hidden: {'; '.join(said)}; --all shows them, as --format csv does)"] if said else []
+    return frame, [c for c in cols if c not in gone], footer
+
+
 def _columns(frame, cols: Sequence[Col]):
     """The values of ``cols``, row by row, from a DataFrame (its index a column too) or from dicts."""
     if isinstance(frame, list):
@@ -253,6 +288,7 @@ def _columns(frame, cols: Sequence[Col]):
 
 
 def show(frame, cols: Sequence[Col], **kw) -> None:
+    """Print ``table(frame, cols, **kw)``."""
     print(table(frame, cols, **kw))
 
 

@@ -10,6 +10,7 @@ from .main import (EXIT_OK, add_format, add_model, add_parallel, add_top, fracti
 
 
 def add(sub) -> None:
+    """Declare ``flopcount roofline`` and ``overhead`` and their arguments."""
     p = sub.add_parser("roofline", help="per-op intensity against a device's ridge point")
     add_model(p, tokens=True)
     p.add_argument("--device-spec", default="cpu",
@@ -44,6 +45,7 @@ def add(sub) -> None:
 
 
 def run(args) -> int:
+    """Run ``flopcount roofline`` or ``overhead`` and print the result as asked."""
     return _overhead(args) if args.command == "overhead" else _roofline(args)
 
 
@@ -139,6 +141,8 @@ def _intensity(flops, nbytes):
 
 
 def overhead_table(res, where: str, stat: str, width=None, color=None) -> str:
+    """The batch-doubling ladder of ``flopcount overhead``: seconds per step and per sample at each batch, and the
+    verdict."""
     from . import render as R
 
     cols = [R.Col("batch", R.INT), R.Col("seconds", R.SECONDS, "s/step"), R.Col("iqr", R.SECONDS, "IQR", drop=3),

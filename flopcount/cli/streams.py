@@ -21,6 +21,7 @@ class ForgivingStream:
         self.broken = False
 
     def write(self, text):
+        """Write ``text``; once the stream has failed, drop it silently."""
         if not self.broken:
             try:
                 return self.stream.write(text)
@@ -29,6 +30,7 @@ class ForgivingStream:
         return len(text)
 
     def flush(self):
+        """Flush the stream; once it has failed, do nothing."""
         if not self.broken:
             try:
                 self.stream.flush()

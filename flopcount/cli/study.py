@@ -4,14 +4,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .main import (EXIT_CHECK_FAILED, EXIT_OK, add_format, natural_int, positive_float, positive_int, print_json,
-                   records, warn)
+from .main import (EXIT_CHECK_FAILED, EXIT_OK, add_format, natural_int, output_folder, positive_float, positive_int,
+                   print_json, records, warn)
 
 
 def add(sub) -> None:
+    """Declare ``flopcount study`` and its arguments."""
     p = sub.add_parser("study", help="reproduce the 2021 P100 utilization study (same as python -m experiments.p100_study)")
     p.add_argument("--quick", action="store_true", help="a preset that finishes on a small CPU in minutes")
-    p.add_argument("--out", default="results/study", help="output folder")
+    p.add_argument("--out", default="results/study", type=output_folder, help="output folder")
     p.add_argument("--models", default=None, help="comma-separated model names (default: the study's 13)")
     p.add_argument("--batch-sizes", default=None, help="comma-separated batch sizes (default: 1,64,128)")
     p.add_argument("--methods", default=None, help="timing methods, a subset of theory,one,batch,epoch")
@@ -36,6 +37,7 @@ def add(sub) -> None:
 
 
 def run(args) -> int:
+    """Run ``flopcount study``: the grid into the output folder, then its summary as asked."""
     from ..study import run_study, study_config
 
     config = study_config(args)

@@ -12,6 +12,7 @@ from .main import (EXIT_OK, add_format, add_model, add_parallel, natural_int, pa
 
 
 def add(sub) -> None:
+    """Declare ``flopcount utilization`` and ``peaks`` and their arguments."""
     p = sub.add_parser("utilization", help="measured FLOP/s of a training step against the device's peak")
     add_model(p, batch_default=None, tokens=True)
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
@@ -35,6 +36,7 @@ def add(sub) -> None:
 
 
 def run(args) -> int:
+    """Run ``flopcount utilization`` or ``peaks`` and print the result as asked."""
     return _peaks(args) if args.command == "peaks" else _utilization(args)
 
 
@@ -132,6 +134,7 @@ def _probe_cpu() -> None:
 
 
 def peaks_table(rows, sources: bool = False, width=None, color=None, cpu=()) -> str:
+    """The devices' peaks per precision and bandwidth (with ``sources``, where each figure comes from)."""
     from . import render as R
 
     precisions = [("fp64", 5), ("fp32", None), ("tf32", 4), ("fp16", 3), ("bf16", 2), ("fp16_nontensor", 1)]

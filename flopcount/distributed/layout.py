@@ -46,6 +46,7 @@ class Layout:
 
     @property
     def world(self) -> int:
+        """The ranks of the layout: FSDP degree x tensor-parallel degree."""
         return self.fsdp * self.tp
 
     @property
@@ -54,9 +55,11 @@ class Layout:
         return {n: d for n, d in (("fsdp", self.fsdp), ("tp", self.tp)) if d > 1}
 
     def describe(self) -> str:
+        """The layout in words (``FSDP 2 x TP 4``, or ``one rank``)."""
         return " x ".join(f"{n.upper()} {d}" for n, d in self.dims.items()) or "one rank"
 
     def to_dict(self) -> Dict[str, Any]:
+        """``{"fsdp", "tp", "world"}``."""
         return {"fsdp": self.fsdp, "tp": self.tp, "world": self.world}
 
 

@@ -41,3 +41,41 @@ def link(op: str, world: Mapping[str, int], spec) -> Tuple[str, float]:
     if span(group_of(op), fsdp, tp) <= gpus:
         return NVLINK, float(spec.nvlink)
     return NETWORK, float(spec.network) / gpus
+
+
+# a collective's kind, from the names of its c10d and functional ops
+_KINDS = (("allgather", "all-gather"), ("all_gather", "all-gather"), ("reduce_scatter", "reduce-scatter"),
+          ("allreduce", "all-reduce"), ("all_reduce", "all-reduce"), ("alltoall", "all-to-all"),
+          ("all_to_all", "all-to-all"), ("broadcast", "broadcast"), ("scatter", "scatter"), ("gather", "gather"),
+          ("reduce", "reduce"), ("send", "send"), ("recv", "recv"), ("barrier", "barrier"))
+
+
+def kind_of(op: str) -> str:
+    """``all-gather``, ``reduce-scatter``, ``all-reduce``, ... of a collective op (its name where none fits)."""
+    name = op.rpartition(".")[2]
+    return next((kind for key, kind in _KINDS if key in name), name.strip("_"))
+
+
+def collectives(report, spec=None):
+    """The collectives of one rank's sharded step (``report``: ``flopcount.count(..., world=)``), one row per kind,
+    group (``fsdp``: FSDP2's own, ``tp``: DTensor's) and phase: calls, ``sent`` (the bytes this rank sends, by the
+    ring rule), ``flops`` (a reduction's adds) and, on ``spec``'s machines, the ``link`` its group crosses and its
+    ``seconds`` there (sent / the link's bandwidth per rank and direction). Waits on a result move nothing and are
+    left out."""
+    import pandas as pd
+
+    f = report.frame
+    f = f[(f["family"] == "collective") & ~f["op"].str.endswith("wait_tensor")]
+    columns = ["kind", "group", "phase", "calls", "sent", "flops"] + (["link", "seconds"] if spec is not None else [])
+    if f.empty:
+        return pd.DataFrame(columns=columns)
+    g = f.assign(kind=[kind_of(op) for op in f["op"]], group=[group_of(op) for op in f["op"]])
+    out = g.groupby(["kind", "group", "phase"], sort=False)[["calls", "bytes", "flops"]].sum().reset_index()
+    out = out.rename(columns={"bytes": "sent"})
+    if spec is not None:
+        world = report.meta.get("world") or {}
+        # one op per group stands for its link: every op of a group crosses the same one
+        chosen = [link("_c10d_functional.x" if grp == "tp" else "c10d.x", world, spec) for grp in out["group"]]
+        out["link"] = [name for name, _ in chosen]
+        out["seconds"] = [sent / bw for sent, (_, bw) in zip(out["sent"], chosen)]
+    return out[columns]

@@ -110,6 +110,8 @@ def _tied(model, module) -> bool:
 
 
 def apply_tensor_parallel(model: torch.nn.Module, mesh, layout: Layout) -> List[str]:
+    """Split ``model``'s linears column- and row-wise over the mesh's TP dimension (torchtitan's Llama plan); return
+    what was split."""
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
@@ -178,6 +180,7 @@ def repeated_blocks(model: torch.nn.Module) -> Optional[torch.nn.ModuleList]:
 
 
 def apply_fsdp(model: torch.nn.Module, mesh, reshard_after_forward: bool = True) -> List[str]:
+    """Apply FSDP2 (``fully_shard``) to each repeated block and the root of ``model``; return what was sharded."""
     from torch.distributed.fsdp import fully_shard
 
     blocks = repeated_blocks(model)

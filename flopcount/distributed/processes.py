@@ -30,6 +30,7 @@ def reduce(values: List[float], op: str) -> List[float]:
 
 
 def world_size() -> int:
+    """The ranks of the default process group (1 without one)."""
     dist = _dist()
     return dist.get_world_size() if dist is not None else 1
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Callable, Dict, Optional, Protocol, Tuple, runtime_checkable
 
-from ..errors import FlopcountError, one_line
+from ..errors import FlopcountError, one_line, shorten
 from ..report import PHASES, FlopReport
 # the peers watch modules, and call the model as the step does, through these
 from ..model_calls import call_model, module_stack  # noqa: F401
@@ -69,6 +69,7 @@ class Capabilities:
 
     @property
     def optimizer(self) -> bool:
+        """Whether the estimator sees the optimizer step."""
         return "optimizer" in self.phases
 
     @property
@@ -131,6 +132,7 @@ class Request:
 
     @property
     def backward(self) -> bool:
+        """Whether the backward phase is asked for."""
         return "backward" in self.phases
 
     @property
@@ -140,13 +142,16 @@ class Request:
 
     @property
     def batch_size(self) -> Optional[int]:
+        """The batch size of the inputs, where it can be told (else None)."""
         return batch_size_of(self.inputs, default=None)
 
     @property
     def label(self) -> str:
+        """The model's name for reports: the one given, else its class name."""
         return self.model_name or type(self.model).__name__
 
     def replace(self, **changes) -> "Request":
+        """A copy of the request with ``changes``."""
         return dataclasses.replace(self, **changes)
 
 
@@ -177,6 +182,7 @@ def make_request(model, inputs, *, backward: bool = True, loss_fn: Optional[Call
 
 
 def device_type(device: str) -> str:
+    """The kind of a device string (``cpu``, ``cuda``, ``meta``); EstimatorError for any other."""
     kind = str(device).split(":")[0]
     if kind not in DEVICES:
         raise EstimatorError(f"unknown device {str(device)!r}; use {', '.join(DEVICES)} (cuda:N for one GPU)")
@@ -258,7 +264,8 @@ class Estimator(Protocol):
     name: str
     capabilities: Capabilities
 
-    def estimate(self, request: Request) -> FlopReport: ...
+    def estimate(self, request: Request) -> FlopReport:
+        """Count what ``request`` asks and return the FlopReport."""
 
 
 # name -> "module:attribute", imported only when asked for, so that optional peers stay optional.
@@ -295,6 +302,7 @@ def available() -> list:
 
 
 def get_estimator(name: str) -> Estimator:
+    """The estimator registered or built in under ``name``; EstimatorError naming those there are."""
     if name in _REGISTERED:
         est = _REGISTERED[name]()
     elif name in _BUILTIN:
@@ -359,6 +367,7 @@ def peer_inputs(inputs):
 
 
 def as_args(inputs) -> tuple:
+    """Inputs as positional arguments: a tuple as it is, anything else as a 1-tuple."""
     return inputs if isinstance(inputs, tuple) else (inputs,)
 
 
@@ -424,4 +433,4 @@ def untouched(model):
 
 def run_failed(name: str, exc: BaseException) -> EstimatorError:
     """A peer that raised on this model: one line naming the estimator and its error."""
-    return EstimatorError(f"{name} failed on this model: {one_line(exc)}"[:300])
+    return EstimatorError(shorten(f"{name} failed on this model: {one_line(exc)}", 300))

@@ -217,6 +217,7 @@ class DispatchEstimator:
                                 kernels=("cpu", "cuda"))
 
     def estimate(self, request: Request) -> FlopReport:
+        """Count the request's step op by op with the dispatch counter."""
         return count_step(request.model, request.inputs, backward=request.backward, loss_fn=request.loss_fn,
                           device=request.device or "meta", optimizer=request.optimizer,
                           model_name=request.model_name, as_device=request.as_device)

@@ -44,6 +44,8 @@ def meta_limit(exc: BaseException, op: Optional[str]) -> Optional[str]:
 
 
 def available_bytes() -> int:
+    """The memory this machine has available, in bytes (``MemAvailable``, else the free pages), or 0 where neither can
+    be read."""
     try:
         with open("/proc/meminfo") as fh:
             for line in fh:
@@ -62,6 +64,8 @@ def _bytes(tensors) -> int:
 
 
 def step_bytes(model: torch.nn.Module, inputs, written: int, backward: bool) -> int:
+    """A lower bound on the bytes a real step of ``model`` takes: parameters (and their gradients), buffers, inputs, and
+    ``written``."""
     params = _bytes(model.parameters())
     leaves = torch.utils._pytree.tree_leaves(inputs)
     return params * (2 if backward else 1) + _bytes(model.buffers()) + _bytes(leaves) + 2 * written
@@ -103,4 +107,5 @@ _TORCH_STATE = frozenset(vars(torch.nn.Module()).keys()) - {"training"}
 
 
 def gib(n: int) -> str:
+    """``n`` bytes in GiB, one decimal."""
     return f"{n / 2**30:.1f} GiB"

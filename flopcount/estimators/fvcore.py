@@ -50,6 +50,7 @@ class FvcoreEstimator:
     cache_key = "fvcore"  # theory is the same computation: compare runs it once for both names
 
     def estimate(self, request: Request) -> FlopReport:
+        """fvcore's forward count of the request's model (MACs, converted to FLOPs)."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # fvcore's import and tracer warn about TorchScript's deprecation
             fvnn = require("fvcore.nn")

@@ -65,6 +65,7 @@ def _stand_in(t: torch.Tensor) -> torch.Tensor:
 
 
 def cpu_choice(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> int:
+    """The number of the attention kernel PyTorch's chooser picks for these arguments, asked outside the count."""
     from torch.utils._python_dispatch import _disable_current_modes
 
     # the chooser is not an op of the step: out of sight of the counter (and of a fake-tensor mode)
@@ -149,6 +150,8 @@ def _pad8(t):
 
 
 def routed_sdpa(original, target: str):
+    """``scaled_dot_product_attention`` that runs the kernel a real run on ``target`` would take, for a simulated (meta
+    or fake) query."""
     def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
         if not simulated(query):
             return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
@@ -255,6 +258,7 @@ def cudnn_rnn_backward_on_meta(args):
 
 
 def routed_rnn_cuda(kind, original):
+    """An RNN op of ``kind`` that runs cuDNN's kernel, as a CUDA run would, on simulated tensors."""
     def rnn(*args, **kwargs):
         if kwargs or not args or not simulated(args[0]) or not args[0].is_floating_point():
             return original(*args, **kwargs)
@@ -277,6 +281,7 @@ def routed_rnn_cuda(kind, original):
 
 
 def routed_lstm(original):
+    """``aten.lstm`` that runs oneDNN's layer kernel on simulated CPU tensors, as a real CPU run does."""
     def lstm(*args, **kwargs):
         # the packed-sequence overload passes batch_sizes second; oneDNN takes only padded input
         if (len(args) == 9 and not kwargs and isinstance(args[1], (list, tuple)) and simulated(args[0])

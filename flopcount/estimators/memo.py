@@ -107,6 +107,7 @@ class Entry:
         self.in_place, self.outputs, self.container, self.count = in_place, outputs, container, count
 
     def make(self, args):
+        """The outputs this remembered call made, made again (empty meta tensors, or the input of an in-place op)."""
         if self.in_place:
             return args[0]
         made = [torch.empty_strided(o[0], o[1], dtype=o[2], device=_META) if type(o) is tuple else o.value
@@ -168,6 +169,7 @@ class Replay:
         self.ops, self.output = ops, output
 
     def make(self):
+        """The output of the replayed call: an empty meta tensor of its recorded size, stride and dtype."""
         s, st, dt = self.output
         with torch._C._DisableTorchDispatch():  # made by the count, not an op of the model's
             return torch.empty_strided(s, st, dtype=dt, device=_META)

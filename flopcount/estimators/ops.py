@@ -102,6 +102,7 @@ _DTYPE_NAMES: Dict[torch.dtype, str] = {}
 
 
 def cached_dtype_name(dtype: torch.dtype) -> str:
+    """A dtype's short name (``float32``), remembered."""
     name = _DTYPE_NAMES.get(dtype)
     if name is None:
         name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
@@ -109,6 +110,7 @@ def cached_dtype_name(dtype: torch.dtype) -> str:
 
 
 def tensor_bytes(x) -> int:
+    """The bytes of a tensor, or of the tensors in a list or tuple (0 for anything else)."""
     if isinstance(x, _TENSOR):
         return x.numel() * x.element_size()
     if isinstance(x, _SEQUENCES):

@@ -76,6 +76,7 @@ class ProfilerEstimator:
     capabilities = Capabilities(phases=("forward", "backward"), loss_fn=True)
 
     def estimate(self, request: Request) -> FlopReport:
+        """torch.profiler's own FLOP counts (``with_flops``) of the request's step."""
         from torch.profiler import ProfilerActivity, profile
 
         model, inputs, backward = request.model, peer_inputs(request.inputs), request.backward

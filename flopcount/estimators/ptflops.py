@@ -48,6 +48,7 @@ class PtflopsEstimator:
     capabilities = _FORWARD_ONLY
 
     def estimate(self, request: Request) -> FlopReport:
+        """ptflops' forward count (its module hooks; MACs converted to FLOPs)."""
         require("ptflops")
         engine = require("ptflops.pytorch_engine")
         model, inputs = request.model, peer_inputs(request.inputs)
@@ -89,6 +90,7 @@ class PtflopsAtenEstimator:
     capabilities = _FORWARD_ONLY
 
     def estimate(self, request: Request) -> FlopReport:
+        """ptflops' aten backend's forward count (MACs converted to FLOPs)."""
         require("ptflops")
         aten_engine = require("ptflops.aten_engine")
         model, inputs = request.model, peer_inputs(request.inputs)

@@ -32,6 +32,7 @@ class PthflopsEstimator:
     capabilities = Capabilities(phases=("forward",))
 
     def estimate(self, request: Request) -> FlopReport:
+        """pthflops' forward count from an fx trace of the model (MACs converted to FLOPs)."""
         ops_fx = require("pthflops.ops_fx")
         model = request.model
         traced, args, path = positional_call(model, peer_inputs(request.inputs))  # fx traces positional inputs

@@ -67,6 +67,7 @@ class StandIns:
         return FakeTensor(self.mode, m, self.fake_device)
 
     def param(self, t: torch.Tensor, is_param: bool, written: bool) -> torch.Tensor:
+        """The stand-in of parameter or buffer ``t`` on the count's device (an empty meta tensor on meta)."""
         if self.device == "meta":
             s = self._empty(t)
         elif is_param and not written:
@@ -78,6 +79,7 @@ class StandIns:
         return s
 
     def inputs(self, inputs):
+        """The inputs as the count takes them: new leaves on the count's device, never the caller's tensors."""
         if self.device != "meta":
             def leaf(x):  # a new leaf: the backward must not accumulate into the caller's tensor's .grad
                 if not isinstance(x, torch.Tensor):

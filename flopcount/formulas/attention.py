@@ -49,12 +49,16 @@ DROPOUT = 2
 
 
 def attention_forward(b, h, lq, lk, e, ev, causal=False, mask=False, dropout=False) -> int:
+    """FLOPs of attention's forward: ``b x h`` heads of ``lq`` queries over ``lk`` keys, the scores, softmax, mask and
+    dropout, and the weighted values."""
     masked = bool(causal) or bool(mask)
     per_score = 2 * e + 2 * ev + SOFTMAX + MASK * masked + DROPOUT * bool(dropout)
     return b * h * lq * lk * per_score
 
 
 def attention_backward(b, h, lq, lk, e, ev, causal=False, mask=False, dropout=False) -> int:
+    """FLOPs of attention's backward, shaped as ``attention_forward``: the gradients of the queries, keys and values
+    through the softmax."""
     masked = bool(causal) or bool(mask)
     per_score = 6 * e + 4 * ev + BACKWARD_SOFTMAX + MASK * masked + DROPOUT * bool(dropout)
     return b * h * (lq * lk * per_score + lq * 2 * ev)
@@ -82,17 +86,22 @@ def _blhe(q, k, v):
 
 @register("aten._scaled_dot_product_flash_attention_for_cpu", family="attention")
 def sdpa_flash_cpu(q, k, v, dropout_p=0.0, is_causal=False, *_, attn_mask=None, out_shape=None, **__):
+    """The formula of ``aten._scaled_dot_product_flash_attention_for_cpu``: its FLOPs from the shapes of its
+    arguments."""
     return attention_forward(*_bhle(q, k, v), is_causal, is_shape(attn_mask), dropout_p > 0)
 
 
 @register("aten._scaled_dot_product_flash_attention_for_cpu_backward", family="attention")
 def sdpa_flash_cpu_backward(grad_out, q, k, v, out, lse, dropout_p=0.0, is_causal=False, *_, attn_mask=None,
                             out_shape=None, **__):
+    """The formula of ``aten._scaled_dot_product_flash_attention_for_cpu_backward``: its FLOPs from the shapes of its
+    arguments."""
     return attention_backward(*_bhle(q, k, v), is_causal, is_shape(attn_mask), dropout_p > 0)
 
 
 @register("aten._scaled_dot_product_flash_attention", family="attention")
 def sdpa_flash(q, k, v, *args, out_shape=None, **__):
+    """The formula of ``aten._scaled_dot_product_flash_attention``: its FLOPs from the shapes of its arguments."""
     if args and (args[0] is None or is_shape(args[0])):  # the .quantized overload: q/k/v descales come first
         args = args[3:]
     dropout_p = args[0] if len(args) > 0 else 0.0
@@ -103,51 +112,65 @@ def sdpa_flash(q, k, v, *args, out_shape=None, **__):
 @register("aten._scaled_dot_product_flash_attention_backward", family="attention")
 def sdpa_flash_backward(grad_out, q, k, v, out, lse, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, *_,
                         out_shape=None, **__):
+    """The formula of ``aten._scaled_dot_product_flash_attention_backward``: its FLOPs from the shapes of its
+    arguments."""
     return attention_backward(*_bhle(q, k, v), is_causal, False, dropout_p > 0)
 
 
 @register("aten._scaled_dot_product_efficient_attention", family="attention")
 def sdpa_efficient(q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, *_, out_shape=None, **__):
+    """The formula of ``aten._scaled_dot_product_efficient_attention``: its FLOPs from the shapes of its arguments."""
     return attention_forward(*_bhle(q, k, v), is_causal, is_shape(attn_bias), dropout_p > 0)
 
 
 @register("aten._scaled_dot_product_efficient_attention_backward", family="attention")
 def sdpa_efficient_backward(grad_out, q, k, v, attn_bias, out, lse, seed, offset, dropout_p, grad_input_mask,
                             is_causal=False, *_, out_shape=None, **__):
+    """The formula of ``aten._scaled_dot_product_efficient_attention_backward``: its FLOPs from the shapes of its
+    arguments."""
     return attention_backward(*_bhle(q, k, v), is_causal, is_shape(attn_bias), dropout_p > 0)
 
 
 @register("aten._scaled_dot_product_cudnn_attention", family="attention")
 def sdpa_cudnn(q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, *_, out_shape=None, **__):
+    """The formula of ``aten._scaled_dot_product_cudnn_attention``: its FLOPs from the shapes of its arguments."""
     return attention_forward(*_bhle(q, k, v), is_causal, is_shape(attn_bias), dropout_p > 0)
 
 
 @register("aten._scaled_dot_product_cudnn_attention_backward", family="attention")
 def sdpa_cudnn_backward(grad_out, q, k, v, out, lse, seed, offset, attn_bias, cum_seq_q, cum_seq_k, max_q, max_k,
                         dropout_p, is_causal, *_, out_shape=None, **__):
+    """The formula of ``aten._scaled_dot_product_cudnn_attention_backward``: its FLOPs from the shapes of its
+    arguments."""
     return attention_backward(*_bhle(q, k, v), is_causal, is_shape(attn_bias), dropout_p > 0)
 
 
 @register("aten._scaled_dot_product_fused_attention_overrideable", family="attention")
 def sdpa_overrideable(q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False, *_, out_shape=None, **__):
+    """The formula of ``aten._scaled_dot_product_fused_attention_overrideable``: its FLOPs from the shapes of its
+    arguments."""
     return attention_forward(*_bhle(q, k, v), is_causal, is_shape(attn_bias), dropout_p > 0)
 
 
 @register("aten._scaled_dot_product_fused_attention_overrideable_backward", family="attention")
 def sdpa_overrideable_backward(grad_out, q, k, v, attn_bias, grad_input_mask, out, lse, cum_seq_q, cum_seq_k, max_q,
                                max_k, dropout_p, is_causal, *_, out_shape=None, **__):
+    """The formula of ``aten._scaled_dot_product_fused_attention_overrideable_backward``: its FLOPs from the shapes of
+    its arguments."""
     return attention_backward(*_bhle(q, k, v), is_causal, is_shape(attn_bias), dropout_p > 0)
 
 
 @register("aten._cudnn_attention_forward", family="attention")
 def cudnn_attention_forward(q, k, v, attn_bias, cum_seq_q, cum_seq_k, max_q, max_k, compute_log_sumexp,
                             dropout_p=0.0, is_causal=False, *_, out_shape=None, **__):
+    """The formula of ``aten._cudnn_attention_forward``: its FLOPs from the shapes of its arguments."""
     return attention_forward(*_bhle(q, k, v), is_causal, is_shape(attn_bias), dropout_p > 0)
 
 
 @register("aten._cudnn_attention_backward", family="attention")
 def cudnn_attention_backward(grad_out, q, k, v, out, lse, seed, offset, attn_bias, cum_seq_q, cum_seq_k, max_q,
                              max_k, dropout_p, is_causal, *_, out_shape=None, **__):
+    """The formula of ``aten._cudnn_attention_backward``: its FLOPs from the shapes of its arguments."""
     return attention_backward(*_bhle(q, k, v), is_causal, is_shape(attn_bias), dropout_p > 0)
 
 
@@ -155,12 +178,14 @@ def cudnn_attention_backward(grad_out, q, k, v, out, lse, seed, offset, attn_bia
 
 @register("aten._flash_attention_forward", family="attention")
 def flash_forward(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, *_, out_shape=None, **__):
+    """The formula of ``aten._flash_attention_forward``: its FLOPs from the shapes of its arguments."""
     return attention_forward(*_blhe(q, k, v), is_causal, False, dropout_p > 0)
 
 
 @register("aten._flash_attention_backward", family="attention")
 def flash_backward(grad_out, q, k, v, out, lse, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, *_,
                    out_shape=None, **__):
+    """The formula of ``aten._flash_attention_backward``: its FLOPs from the shapes of its arguments."""
     return attention_backward(*_blhe(q, k, v), is_causal, False, dropout_p > 0)
 
 
@@ -171,6 +196,7 @@ def _custom_mask(custom_mask_type):
 @register("aten._efficient_attention_forward", family="attention")
 def efficient_forward(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                       custom_mask_type, *_, out_shape=None, **__):
+    """The formula of ``aten._efficient_attention_forward``: its FLOPs from the shapes of its arguments."""
     return attention_forward(*_blhe(q, k, v), _custom_mask(custom_mask_type), is_shape(bias),
                              dropout_p > 0)
 
@@ -178,5 +204,6 @@ def efficient_forward(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
 @register("aten._efficient_attention_backward", family="attention")
 def efficient_backward(grad_out, q, k, v, bias, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, lse,
                        dropout_p, seed, offset, custom_mask_type, *_, out_shape=None, **__):
+    """The formula of ``aten._efficient_attention_backward``: its FLOPs from the shapes of its arguments."""
     return attention_backward(*_blhe(q, k, v), _custom_mask(custom_mask_type), is_shape(bias),
                               dropout_p > 0)

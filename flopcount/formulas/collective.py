@@ -86,18 +86,22 @@ def _reduce_flops(n: int, w: int, kind: str, result: int) -> Fraction:
 
 
 def all_gather(n: int, w: int):
+    """(FLOPs, elements sent) of a ring all-gather of ``n`` elements over ``w`` ranks."""
     return 0, _ring(n, w)
 
 
 def reduce_scatter(n: int, w: int, kind: str = "sum"):
+    """(FLOPs, elements sent) of a ring reduce-scatter of ``n`` elements over ``w`` ranks."""
     return _reduce_flops(n, w, kind, n // w if w else n), _ring(n, w)
 
 
 def all_reduce(n: int, w: int, kind: str = "sum"):
+    """(FLOPs, elements sent) of a ring all-reduce of ``n`` elements over ``w`` ranks."""
     return _reduce_flops(n, w, kind, n), 2 * _ring(n, w)
 
 
 def all_to_all(n: int, w: int):
+    """(FLOPs, elements sent) of an even all-to-all of ``n`` elements over ``w`` ranks."""
     return 0, _ring(n, w)
 
 

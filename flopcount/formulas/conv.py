@@ -44,6 +44,8 @@ def conv_flops(x, w, out, transposed: bool = False, bias: bool = False) -> int:
 
 @register("aten.convolution", "aten._convolution", "aten.convolution_overrideable", family="conv")
 def convolution(x, w, bias=None, stride=None, padding=None, dilation=None, transposed=False, *_, out_shape=None, **__):
+    """The formula of ``aten._convolution``, ``aten.convolution``, ``aten.convolution_overrideable``: its FLOPs from the
+    shapes of its arguments."""
     return conv_flops(x, w, _first(out_shape), bool(transposed), bias is not None)
 
 
@@ -56,40 +58,53 @@ def convolution(x, w, bias=None, stride=None, padding=None, dilation=None, trans
 )
 def conv_with_bias_arg(x, w, *args, out_shape=None, bias=None, **__):
     # In all of these, the bias is the first optional tensor argument after the weight (or absent).
+    """The formula of ``aten._conv_depthwise2d``, ``aten._convolution_mode``, ``aten._nnpack_spatial_convolution``,
+    ``aten._slow_conv2d_forward``, ``aten.conv_depthwise3d``, ``aten.miopen_convolution``,
+    ``aten.miopen_depthwise_convolution``, ``aten.mkldnn_convolution``, ``aten.slow_conv3d``,
+    ``aten.slow_conv3d_forward``, ``aten.slow_conv_dilated2d``, ``aten.slow_conv_dilated3d``, ``aten.thnn_conv2d``:
+    its FLOPs from the shapes of its arguments."""
     has_bias = bias is not None or any(_is_size(a) for a in args)
     return conv_flops(x, w, _first(out_shape), False, has_bias)
 
 
 @register("aten.cudnn_convolution", family="conv")
 def cudnn_convolution(x, w, *_, out_shape=None, **__):
+    """The formula of ``aten.cudnn_convolution``: its FLOPs from the shapes of its arguments."""
     return conv_flops(x, w, _first(out_shape), False, False)
 
 
 @register("aten.cudnn_convolution_transpose", family="conv")
 def cudnn_convolution_transpose(x, w, *_, out_shape=None, **__):
+    """The formula of ``aten.cudnn_convolution_transpose``: its FLOPs from the shapes of its arguments."""
     return conv_flops(x, w, _first(out_shape), True, False)
 
 
 @register("aten.miopen_convolution_transpose", "aten.slow_conv_transpose2d", "aten.slow_conv_transpose3d", family="conv")
 def conv_transpose_with_bias_arg(x, w, *args, out_shape=None, bias=None, **__):
+    """The formula of ``aten.miopen_convolution_transpose``, ``aten.slow_conv_transpose2d``,
+    ``aten.slow_conv_transpose3d``: its FLOPs from the shapes of its arguments."""
     has_bias = bias is not None or any(_is_size(a) for a in args)
     return conv_flops(x, w, _first(out_shape), True, has_bias)
 
 
 @register("aten.cudnn_convolution_relu", family="conv")
 def cudnn_convolution_relu(x, w, bias=None, *_, out_shape=None, **__):
+    """The formula of ``aten.cudnn_convolution_relu``: its FLOPs from the shapes of its arguments."""
     out = _first(out_shape)
     return conv_flops(x, w, out, False, bias is not None) + numel(out)  # + relu
 
 
 @register("aten.cudnn_convolution_add_relu", family="conv")
 def cudnn_convolution_add_relu(x, w, z, alpha=None, bias=None, *_, out_shape=None, **__):
+    """The formula of ``aten.cudnn_convolution_add_relu``: its FLOPs from the shapes of its arguments."""
     out = _first(out_shape)
     extra = 2 if alpha not in (None, 1) else 1  # + alpha * z
     return conv_flops(x, w, out, False, bias is not None) + numel(out) * (extra + 1)  # + relu
 
 
 def conv_backward_flops(grad_out, x, w, transposed: bool, output_mask) -> int:
+    """FLOPs of a convolution's backward: the input and weight gradients ``output_mask`` asks for, and the bias's
+    sum."""
     positions = x if transposed else grad_out
     product = 2 * positions[0] * numel(positions[2:]) * numel(w)
     flops = 0
@@ -105,17 +120,20 @@ def conv_backward_flops(grad_out, x, w, transposed: bool, output_mask) -> int:
 @register("aten.convolution_backward", family="conv")
 def convolution_backward(grad_out, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
                          output_mask, *_, out_shape=None, **__):
+    """The formula of ``aten.convolution_backward``: its FLOPs from the shapes of its arguments."""
     return conv_backward_flops(grad_out, x, w, bool(transposed), output_mask)
 
 
 @register("aten.convolution_backward_overrideable", family="conv")
 def convolution_backward_overrideable(grad_out, x, w, stride, padding, dilation, transposed, output_padding, groups,
                                       output_mask, *_, out_shape=None, **__):
+    """The formula of ``aten.convolution_backward_overrideable``: its FLOPs from the shapes of its arguments."""
     return conv_backward_flops(grad_out, x, w, bool(transposed), output_mask)
 
 
 @register("aten._slow_conv2d_backward", family="conv")
 def slow_conv2d_backward(grad_out, x, w, kernel_size, stride, padding, output_mask=None, *_, out_shape=None, **kw):
+    """The formula of ``aten._slow_conv2d_backward``: its FLOPs from the shapes of its arguments."""
     if output_mask is None:  # the .grad_input overload: the outputs passed (or None) say what is computed
         output_mask = [kw.get(k) is not None for k in ("grad_input", "grad_weight", "grad_bias")]
     return conv_backward_flops(grad_out, x, w, False, output_mask)

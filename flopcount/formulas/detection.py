@@ -64,12 +64,14 @@ def _align(rois, channels, spatial_scale, ph, pw, sampling_ratio, aligned) -> in
 @register("torchvision.roi_align", family="pooling", values=True)
 def roi_align(x, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio=-1, aligned=False, *_,
               out_shape=None, **__):
+    """The formula of ``torchvision.roi_align``: its FLOPs from the shapes of its arguments."""
     return _align(rois, shape_of(x)[1], spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned)
 
 
 @register("torchvision._roi_align_backward", family="pooling", values=True)
 def roi_align_backward(grad, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height, width,
                        sampling_ratio=-1, aligned=False, *_, out_shape=None, **__):
+    """The formula of ``torchvision._roi_align_backward``: its FLOPs from the shapes of its arguments."""
     return _align(rois, channels, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned)
 
 
@@ -88,6 +90,7 @@ def _bin_bounds(start, size, n_bins, limit):
 
 @register("torchvision.roi_pool", family="pooling", values=True)
 def roi_pool(x, rois, spatial_scale, pooled_height, pooled_width, *_, out_shape=None, **__):
+    """The formula of ``torchvision.roi_pool``: its FLOPs from the shapes of its arguments."""
     n, c, height, width = (int(d) for d in shape_of(x))
     r = _values(rois).to(torch.float32)
     box = _round_half_away(r[:, 1:] * float(spatial_scale)).to(torch.int64)
@@ -104,4 +107,5 @@ def roi_pool(x, rois, spatial_scale, pooled_height, pooled_width, *_, out_shape=
 
 @register("torchvision._roi_pool_backward", family="pooling")
 def roi_pool_backward(grad, *_, out_shape=None, **__):
+    """The formula of ``torchvision._roi_pool_backward``: its FLOPs from the shapes of its arguments."""
     return numel(shape_of(grad))

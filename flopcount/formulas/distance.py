@@ -35,12 +35,14 @@ def _bprm(x1, x2):
 
 @register("aten._euclidean_dist", family="distance")
 def euclidean_dist(x1, x2, *_, out_shape=None, **__):
+    """The formula of ``aten._euclidean_dist``: its FLOPs from the shapes of its arguments."""
     b, p, r, m = _bprm(x1, x2)
     return 3 * b * p * m + 2 * b * r * m + 2 * b * p * r * (m + 2) + 2 * b * p * r
 
 
 @register("aten._cdist_forward", family="distance")
 def cdist_forward(x1, x2, p=2.0, *_, out_shape=None, **__):
+    """The formula of ``aten._cdist_forward``: its FLOPs from the shapes of its arguments."""
     b, pts, r, m = _bprm(x1, x2)
     p = float(p)
     simple = p in (0.0, 1.0, 2.0) or math.isinf(p)
@@ -51,6 +53,7 @@ def cdist_forward(x1, x2, p=2.0, *_, out_shape=None, **__):
 
 @register("aten._cdist_backward", family="distance")
 def cdist_backward(grad, x1, x2, p=2.0, cdist=None, *_, out_shape=None, **__):
+    """The formula of ``aten._cdist_backward``: its FLOPs from the shapes of its arguments."""
     b, pts, r, m = _bprm(x1, x2)
     p = float(p)
     if p == 0.0:

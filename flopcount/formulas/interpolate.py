@@ -100,6 +100,7 @@ def grid_sample_flops(x, grid, mode, dims: int) -> int:
 
 
 def grid_sample_backward_flops(x, grid, mode, dims: int, output_mask) -> int:
+    """FLOPs of grid sampling's backward: the input and grid gradients ``output_mask`` asks for."""
     kind = _grid_kind(mode, dims)
     taps = _taps(kind, dims)
     points = numel(grid[:-1])
@@ -116,31 +117,37 @@ def grid_sample_backward_flops(x, grid, mode, dims: int, output_mask) -> int:
 
 @register("aten.grid_sampler_2d", family="interpolate")
 def grid_sampler_2d(x, grid, interpolation_mode=0, *_, out_shape=None, **__):
+    """The formula of ``aten.grid_sampler_2d``: its FLOPs from the shapes of its arguments."""
     return grid_sample_flops(x, grid, interpolation_mode, 2)
 
 
 @register("aten.grid_sampler_3d", family="interpolate")
 def grid_sampler_3d(x, grid, interpolation_mode=0, *_, out_shape=None, **__):
+    """The formula of ``aten.grid_sampler_3d``: its FLOPs from the shapes of its arguments."""
     return grid_sample_flops(x, grid, interpolation_mode, 3)
 
 
 @register("aten.grid_sampler_2d_backward", family="interpolate")
 def grid_sampler_2d_backward(grad_out, x, grid, interpolation_mode, padding_mode, align_corners, output_mask, *_,
                              out_shape=None, **__):
+    """The formula of ``aten.grid_sampler_2d_backward``: its FLOPs from the shapes of its arguments."""
     return grid_sample_backward_flops(x, grid, interpolation_mode, 2, output_mask)
 
 
 @register("aten.grid_sampler_3d_backward", family="interpolate")
 def grid_sampler_3d_backward(grad_out, x, grid, interpolation_mode, padding_mode, align_corners, output_mask, *_,
                              out_shape=None, **__):
+    """The formula of ``aten.grid_sampler_3d_backward``: its FLOPs from the shapes of its arguments."""
     return grid_sample_backward_flops(x, grid, interpolation_mode, 3, output_mask)
 
 
 @register("aten.cudnn_grid_sampler", family="interpolate")
 def cudnn_grid_sampler(x, grid, *_, out_shape=None, **__):
+    """The formula of ``aten.cudnn_grid_sampler``: its FLOPs from the shapes of its arguments."""
     return grid_sample_flops(x, grid, 0, 2)  # cuDNN samples bilinearly, zero padding
 
 
 @register("aten.cudnn_grid_sampler_backward", family="interpolate")
 def cudnn_grid_sampler_backward(x, grid, grad_out, *_, out_shape=None, **__):
+    """The formula of ``aten.cudnn_grid_sampler_backward``: its FLOPs from the shapes of its arguments."""
     return grid_sample_backward_flops(x, grid, 0, 2, (True, True))

@@ -30,6 +30,7 @@ def _scale_terms(out_elems: int, beta=1, alpha=1, has_self: bool = True) -> int:
 
 @register("aten.mm", family="matmul")
 def mm(a, b, *_, out_shape=None, **__):
+    """The formula of ``aten.mm``: its FLOPs from the shapes of its arguments."""
     m, k = a
     n = b[1]
     return 2 * m * k * n
@@ -37,6 +38,7 @@ def mm(a, b, *_, out_shape=None, **__):
 
 @register("aten.bmm", family="matmul")
 def bmm(a, b, *_, out_shape=None, **__):
+    """The formula of ``aten.bmm``: its FLOPs from the shapes of its arguments."""
     bat, m, k = a
     n = b[2]
     return 2 * bat * m * k * n
@@ -44,6 +46,7 @@ def bmm(a, b, *_, out_shape=None, **__):
 
 @register("aten.addmm", family="matmul")
 def addmm(bias, a, b, *_, beta=1, alpha=1, out_shape=None, **__):
+    """The formula of ``aten.addmm``: its FLOPs from the shapes of its arguments."""
     m, k = a
     n = b[1]
     return 2 * m * k * n + _scale_terms(m * n, beta, alpha)
@@ -51,6 +54,7 @@ def addmm(bias, a, b, *_, beta=1, alpha=1, out_shape=None, **__):
 
 @register("aten._addmm_activation", family="matmul")
 def addmm_activation(bias, a, b, *_, beta=1, alpha=1, use_gelu=False, out_shape=None, **__):
+    """The formula of ``aten._addmm_activation``: its FLOPs from the shapes of its arguments."""
     m, n = a[0], b[1]
     # gelu here is the tanh approximation (as cuBLASLt's epilogue computes it); see pointwise.COST
     return addmm(bias, a, b, beta=beta, alpha=alpha) + m * n * (9 if use_gelu else 1)
@@ -58,6 +62,7 @@ def addmm_activation(bias, a, b, *_, beta=1, alpha=1, use_gelu=False, out_shape=
 
 @register("aten.baddbmm", family="matmul")
 def baddbmm(bias, a, b, *_, beta=1, alpha=1, out_shape=None, **__):
+    """The formula of ``aten.baddbmm``: its FLOPs from the shapes of its arguments."""
     bat, m, k = a
     n = b[2]
     return 2 * bat * m * k * n + _scale_terms(bat * m * n, beta, alpha)
@@ -66,6 +71,7 @@ def baddbmm(bias, a, b, *_, beta=1, alpha=1, out_shape=None, **__):
 @register("aten.addbmm", family="matmul")
 def addbmm(bias, a, b, *_, beta=1, alpha=1, out_shape=None, **__):
     # the sum over the batch is part of the FMA chain: b*m*n dot products of length k, accumulated together
+    """The formula of ``aten.addbmm``: its FLOPs from the shapes of its arguments."""
     bat, m, k = a
     n = b[2]
     return 2 * bat * m * k * n + _scale_terms(m * n, beta, alpha)
@@ -73,24 +79,28 @@ def addbmm(bias, a, b, *_, beta=1, alpha=1, out_shape=None, **__):
 
 @register("aten.mv", family="matmul")
 def mv(a, v, *_, out_shape=None, **__):
+    """The formula of ``aten.mv``: its FLOPs from the shapes of its arguments."""
     m, k = a
     return 2 * m * k
 
 
 @register("aten.addmv", family="matmul")
 def addmv(bias, a, v, *_, beta=1, alpha=1, out_shape=None, **__):
+    """The formula of ``aten.addmv``: its FLOPs from the shapes of its arguments."""
     m, k = a
     return 2 * m * k + _scale_terms(m, beta, alpha)
 
 
 @register("aten.dot", "aten.vdot", family="matmul")
 def dot(a, b, *_, out_shape=None, **__):
+    """The formula of ``aten.dot``, ``aten.vdot``: its FLOPs from the shapes of its arguments."""
     return 2 * numel(a)
 
 
 @register("aten.addr", family="matmul")
 def addr(bias, v1, v2, *_, beta=1, alpha=1, out_shape=None, **__):
     # an outer product is one multiply per output element (no accumulation)
+    """The formula of ``aten.addr``: its FLOPs from the shapes of its arguments."""
     mn = numel(v1) * numel(v2)
     return mn + _scale_terms(mn, beta, alpha)
 
@@ -113,6 +123,7 @@ def grouped_mm(a, b, offs=None, bias=None, out_dtype=None, *_, out_shape=None, *
 
 @register("aten.outer", "aten.ger", family="matmul")
 def outer(v1, v2, *_, out_shape=None, **__):
+    """The formula of ``aten.ger``, ``aten.outer``: its FLOPs from the shapes of its arguments."""
     return numel(v1) * numel(v2)
 
 

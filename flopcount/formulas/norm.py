@@ -44,12 +44,15 @@ def _bn_forward(x, training: bool) -> int:
           "aten.miopen_batch_norm", family="norm")
 def batch_norm(x, weight=None, bias=None, running_mean=None, running_var=None, training=False, *_, out_shape=None,
                **__):
+    """The formula of ``aten._native_batch_norm_legit_functional``, ``aten.cudnn_batch_norm``,
+    ``aten.miopen_batch_norm``, ``aten.native_batch_norm``: its FLOPs from the shapes of its arguments."""
     return _bn_forward(x, bool(training))
 
 
 @register("aten._native_batch_norm_legit", family="norm")
 def batch_norm_legit(x, weight, bias, *args, out_shape=None, **kwargs):
     # two overloads: (..., running_mean, running_var, training, ...) and .no_stats (..., training, ...)
+    """The formula of ``aten._native_batch_norm_legit``: its FLOPs from the shapes of its arguments."""
     if args and isinstance(args[0], bool):
         training = args[0]
     elif len(args) > 2:
@@ -61,6 +64,7 @@ def batch_norm_legit(x, weight, bias, *args, out_shape=None, **kwargs):
 
 @register("aten._native_batch_norm_legit_no_training", family="norm")
 def batch_norm_no_training(x, *_, out_shape=None, **__):
+    """The formula of ``aten._native_batch_norm_legit_no_training``: its FLOPs from the shapes of its arguments."""
     return _bn_forward(x, False)
 
 
@@ -78,29 +82,35 @@ def _bn_backward(x, train: bool, mask) -> int:
 @register("aten.native_batch_norm_backward", family="norm")
 def batch_norm_backward(grad_out, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps,
                         output_mask, *_, out_shape=None, **__):
+    """The formula of ``aten.native_batch_norm_backward``: its FLOPs from the shapes of its arguments."""
     return _bn_backward(x, bool(train), output_mask)
 
 
 @register("aten.batch_norm_backward", family="norm")
 def batch_norm_backward_generic(grad_out, x, weight, running_mean, running_var, save_mean, save_var, update, eps,
                                 output_mask, *_, out_shape=None, **__):
+    """The formula of ``aten.batch_norm_backward``: its FLOPs from the shapes of its arguments."""
     return _bn_backward(x, bool(update), output_mask)
 
 
 @register("aten.cudnn_batch_norm_backward", "aten.miopen_batch_norm_backward", family="norm")
 def cudnn_batch_norm_backward(x, grad_out, *_, out_shape=None, **__):
     # cuDNN's backward is the training one and always returns all three gradients
+    """The formula of ``aten.cudnn_batch_norm_backward``, ``aten.miopen_batch_norm_backward``: its FLOPs from the shapes
+    of its arguments."""
     return _bn_backward(x, True, (True, True, True))
 
 
 @register("aten.native_layer_norm", family="norm")
 def layer_norm(x, normalized_shape, weight=None, bias=None, *_, out_shape=None, **__):
+    """The formula of ``aten.native_layer_norm``: its FLOPs from the shapes of its arguments."""
     return numel(x) * (STATS + 2 + is_shape(weight) + is_shape(bias))
 
 
 @register("aten.native_layer_norm_backward", family="norm")
 def layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight, bias, output_mask, *_, out_shape=None,
                         **__):
+    """The formula of ``aten.native_layer_norm_backward``: its FLOPs from the shapes of its arguments."""
     per = 0
     if output_mask[0] or output_mask[1]:
         per += 2  # xhat
@@ -115,21 +125,25 @@ def layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight, bias,
 
 @register("aten.native_group_norm", family="norm")
 def group_norm(x, *_, out_shape=None, **__):
+    """The formula of ``aten.native_group_norm``: its FLOPs from the shapes of its arguments."""
     return numel(x) * (STATS + FMA)
 
 
 @register("aten.native_group_norm_backward", family="norm")
 def group_norm_backward(grad_out, x, mean, rstd, weight, N, C, HxW, group, output_mask, *_, out_shape=None, **__):
+    """The formula of ``aten.native_group_norm_backward``: its FLOPs from the shapes of its arguments."""
     return _bn_backward(x, True, output_mask)
 
 
 @register("aten._fused_rms_norm", family="norm")
 def rms_norm(x, normalized_shape, weight=None, *_, out_shape=None, **__):
+    """The formula of ``aten._fused_rms_norm``: its FLOPs from the shapes of its arguments."""
     return numel(x) * (3 + is_shape(weight))
 
 
 @register("aten._fused_rms_norm_backward", family="norm")
 def rms_norm_backward(grad_out, x, normalized_shape, rstd, weight, output_mask, *_, out_shape=None, **__):
+    """The formula of ``aten._fused_rms_norm_backward``: its FLOPs from the shapes of its arguments."""
     per = 0
     if output_mask[0]:
         per += is_shape(weight) + 2 + 3

@@ -38,11 +38,13 @@ def _weights(w_ih, w_hh, b_ih, b_hh, hidden_size, mode, has_biases):
 @register("aten.mkldnn_rnn_layer", family="recurrent")
 def mkldnn_rnn_layer(x, w_ih, w_hh, b_ih, b_hh, hx, cx, reverse, batch_sizes, mode, hidden_size, num_layers,
                      has_biases, *_, out_shape=None, **__):
+    """The formula of ``aten.mkldnn_rnn_layer``: its FLOPs from the shapes of its arguments."""
     return rnn_forward_flops(x, _weights(w_ih, w_hh, b_ih, b_hh, hidden_size, mode, has_biases))
 
 
 @register("aten.mkldnn_rnn_layer_backward", family="recurrent")
 def mkldnn_rnn_layer_backward(x, w_ih, w_hh, b_ih, b_hh, hx, cx, output, hy, cy, grad_output, grad_hy, grad_cy,
                               reverse, mode, hidden_size, num_layers, has_biases, *_, out_shape=None, **__):
+    """The formula of ``aten.mkldnn_rnn_layer_backward``: its FLOPs from the shapes of its arguments."""
     weights = _weights(w_ih, w_hh, b_ih, b_hh, hidden_size, mode, has_biases)
     return rnn_backward_flops(x, weights, [True, True, True, True])

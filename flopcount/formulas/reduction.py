@@ -54,11 +54,13 @@ register("aten.sum", "aten.nansum", "aten.mean", "aten.nanmean", "aten.amax", "a
 
 @register("aten.histc", family="reduction")
 def histc(x, bins=100, min=0, max=0, *_, out_shape=None, **__):
+    """The formula of ``aten.histc``: its FLOPs from the shapes of its arguments."""
     return numel(x) * (3 + (2 if min == max else 0))
 
 
 @register("aten.max", "aten.min", family="reduction")
 def max_min(x, *args, out_shape=None, **__):
+    """The formula of ``aten.max``, ``aten.min``: its FLOPs from the shapes of its arguments."""
     if args and is_shape(args[0]):  # max.other / min.other: elementwise, one comparison per output element
         return numel(first_shape(out_shape))
     return numel(x)
@@ -66,26 +68,31 @@ def max_min(x, *args, out_shape=None, **__):
 
 @register("aten.var", "aten.var_mean", family="reduction")
 def var(x, *_, out_shape=None, **__):
+    """The formula of ``aten.var``, ``aten.var_mean``: its FLOPs from the shapes of its arguments."""
     return 3 * numel(x)
 
 
 @register("aten.std", "aten.std_mean", family="reduction")
 def std(x, *_, out_shape=None, **__):
+    """The formula of ``aten.std``, ``aten.std_mean``: its FLOPs from the shapes of its arguments."""
     return 3 * numel(x) + numel(first_shape(out_shape))
 
 
 @register("aten.linalg_vector_norm", "aten.norm", family="reduction")
 def vector_norm(x, *_, out_shape=None, **__):
+    """The formula of ``aten.linalg_vector_norm``, ``aten.norm``: its FLOPs from the shapes of its arguments."""
     return 2 * numel(x)
 
 
 @register("aten._foreach_norm", family="reduction")
 def foreach_norm(*args, out_shape=None, **__):
+    """The formula of ``aten._foreach_norm``: its FLOPs from the shapes of its arguments."""
     return 2 * foreach_numel(args)
 
 
 @register("aten.logsumexp", family="reduction")
 def logsumexp(x, *_, out_shape=None, **__):
+    """The formula of ``aten.logsumexp``: its FLOPs from the shapes of its arguments."""
     return 4 * numel(x) + numel(first_shape(out_shape))
 
 
@@ -93,17 +100,22 @@ def logsumexp(x, *_, out_shape=None, **__):
 
 @register("aten._softmax", "aten._safe_softmax", "aten.softmax", family="softmax")
 def softmax(x, *_, out_shape=None, **__):
+    """The formula of ``aten._safe_softmax``, ``aten._softmax``, ``aten.softmax``: its FLOPs from the shapes of its
+    arguments."""
     return SOFTMAX * numel(x)
 
 
 @register("aten._log_softmax", "aten.log_softmax", family="softmax")
 def log_softmax(x, dim, *_, out_shape=None, **__):
+    """The formula of ``aten._log_softmax``, ``aten.log_softmax``: its FLOPs from the shapes of its arguments."""
     rows = numel(x) // int(x[dim]) if len(x) and x[dim] else 1
     return SOFTMAX * numel(x) + rows
 
 
 @register("aten._softmax_backward_data", "aten._log_softmax_backward_data", family="softmax")
 def softmax_backward(grad_out, *_, out_shape=None, **__):
+    """The formula of ``aten._log_softmax_backward_data``, ``aten._softmax_backward_data``: its FLOPs from the shapes of
+    its arguments."""
     return SOFTMAX_BACKWARD * numel(grad_out)
 
 
@@ -111,6 +123,8 @@ def softmax_backward(grad_out, *_, out_shape=None, **__):
 
 @register("aten.nll_loss_forward", "aten.nll_loss2d_forward", "aten.nll_loss", "aten.nll_loss2d", family="loss")
 def nll_loss(x, target, weight=None, reduction=MEAN, *_, out_shape=None, **__):
+    """The formula of ``aten.nll_loss``, ``aten.nll_loss2d``, ``aten.nll_loss2d_forward``, ``aten.nll_loss_forward``:
+    its FLOPs from the shapes of its arguments."""
     n = numel(target)
     per = 1 + is_shape(weight)
     if reduction != NONE:
@@ -122,6 +136,8 @@ def nll_loss(x, target, weight=None, reduction=MEAN, *_, out_shape=None, **__):
 
 @register("aten.nll_loss_backward", "aten.nll_loss2d_backward", family="loss")
 def nll_loss_backward(grad_out, x, target, weight=None, reduction=MEAN, *_, out_shape=None, **__):
+    """The formula of ``aten.nll_loss2d_backward``, ``aten.nll_loss_backward``: its FLOPs from the shapes of its
+    arguments."""
     return numel(target) * (1 + (reduction == MEAN) + is_shape(weight))
 
 
@@ -131,39 +147,48 @@ def _reduce(reduction) -> int:
 
 @register("aten.mse_loss", family="loss")
 def mse_loss(x, target, reduction=MEAN, *_, out_shape=None, **__):
+    """The formula of ``aten.mse_loss``: its FLOPs from the shapes of its arguments."""
     return numel(x) * (2 + _reduce(reduction))
 
 
 @register("aten.mse_loss_backward", family="loss")
 def mse_loss_backward(grad_out, x, target, reduction=MEAN, *_, out_shape=None, **__):
+    """The formula of ``aten.mse_loss_backward``: its FLOPs from the shapes of its arguments."""
     return numel(x) * (3 + (reduction == MEAN))
 
 
 @register("aten.l1_loss", family="loss")
 def l1_loss(x, target, reduction=MEAN, *_, out_shape=None, **__):
+    """The formula of ``aten.l1_loss``: its FLOPs from the shapes of its arguments."""
     return numel(x) * (2 + _reduce(reduction))
 
 
 @register("aten.smooth_l1_loss", "aten.huber_loss", family="loss")
 def smooth_l1_loss(x, target, reduction=MEAN, *_, out_shape=None, **__):
+    """The formula of ``aten.huber_loss``, ``aten.smooth_l1_loss``: its FLOPs from the shapes of its arguments."""
     return numel(x) * (5 + _reduce(reduction))
 
 
 @register("aten.smooth_l1_loss_backward", "aten.huber_loss_backward", family="loss")
 def smooth_l1_loss_backward(grad_out, x, target, reduction=MEAN, *_, out_shape=None, **__):
+    """The formula of ``aten.huber_loss_backward``, ``aten.smooth_l1_loss_backward``: its FLOPs from the shapes of its
+    arguments."""
     return numel(x) * (4 + (reduction == MEAN))
 
 
 @register("aten.binary_cross_entropy", family="loss")
 def binary_cross_entropy(x, target, weight=None, reduction=MEAN, *_, out_shape=None, **__):
+    """The formula of ``aten.binary_cross_entropy``: its FLOPs from the shapes of its arguments."""
     return numel(x) * (7 + is_shape(weight) + _reduce(reduction))
 
 
 @register("aten.binary_cross_entropy_backward", family="loss")
 def binary_cross_entropy_backward(grad_out, x, target, weight=None, reduction=MEAN, *_, out_shape=None, **__):
+    """The formula of ``aten.binary_cross_entropy_backward``: its FLOPs from the shapes of its arguments."""
     return numel(x) * (5 + is_shape(weight) + (reduction == MEAN))
 
 
 @register("aten.binary_cross_entropy_with_logits", family="loss")
 def bce_with_logits(x, target, weight=None, pos_weight=None, reduction=MEAN, *_, out_shape=None, **__):
+    """The formula of ``aten.binary_cross_entropy_with_logits``: its FLOPs from the shapes of its arguments."""
     return numel(x) * (6 + is_shape(weight) + 2 * is_shape(pos_weight) + _reduce(reduction))

@@ -45,6 +45,7 @@ def register(*names: str, family: str, values: bool = False) -> Callable[[Formul
 
 
 def register_zero(kind: str, names: Iterable[str], family: str = "memory") -> None:
+    """Declare ``names`` ops of no arithmetic, of ``kind`` view or memory."""
     if kind not in (VIEW, MEMORY):
         raise ValueError(f"zero-FLOP kind must be {VIEW!r} or {MEMORY!r}, not {kind!r}")
     for name in names:
@@ -53,14 +54,17 @@ def register_zero(kind: str, names: Iterable[str], family: str = "memory") -> No
 
 
 def lookup(name: str) -> Optional[Formula]:
+    """The formula registered for op ``name``, or None."""
     return FLOP_FORMULAS.get(name)
 
 
 def op_family(name: str) -> str:
+    """The family of op ``name`` (``other`` for an op without one)."""
     return FAMILY.get(name, "other")
 
 
 def numel(shape) -> int:
+    """The number of elements of a shape."""
     n = 1
     for d in shape:
         n *= int(d)

@@ -49,6 +49,7 @@ def _tokens(x) -> int:
 
 
 def rnn_forward_flops(x, weights) -> int:
+    """FLOPs of a recurrent layer stack's forward over input ``x``, from its weights' shapes."""
     per = 0
     for gates, hidden, in_size, bias in _layers(weights):
         gh = gates * hidden
@@ -57,6 +58,7 @@ def rnn_forward_flops(x, weights) -> int:
 
 
 def rnn_backward_flops(x, weights, output_mask=None) -> int:
+    """FLOPs of a recurrent layer stack's backward, the gradients ``output_mask`` asks for."""
     mask = list(output_mask) if output_mask is not None else [True, True, True, True]
     per = 0
     for gates, hidden, in_size, bias in _layers(weights):
@@ -71,11 +73,14 @@ def rnn_backward_flops(x, weights, output_mask=None) -> int:
 
 @register("aten._cudnn_rnn", "aten.miopen_rnn", family="rnn")
 def cudnn_rnn(x, weights, *_, out_shape=None, **__):
+    """The formula of ``aten._cudnn_rnn``, ``aten.miopen_rnn``: its FLOPs from the shapes of its arguments."""
     return rnn_forward_flops(x, weights)
 
 
 @register("aten._cudnn_rnn_backward", "aten.miopen_rnn_backward", family="rnn")
 def cudnn_rnn_backward(x, weights, *args, out_shape=None, output_mask=None, **__):
+    """The formula of ``aten._cudnn_rnn_backward``, ``aten.miopen_rnn_backward``: its FLOPs from the shapes of its
+    arguments."""
     if output_mask is None and args and isinstance(args[-1], (list, tuple)) and all(isinstance(m, bool) for m in args[-1]):
         output_mask = args[-1]
     return rnn_backward_flops(x, weights, output_mask)
@@ -84,4 +89,6 @@ def cudnn_rnn_backward(x, weights, *args, out_shape=None, output_mask=None, **__
 @register("aten._amp_foreach_non_finite_check_and_unscale_", family="pointwise")
 def amp_unscale(grads, *_, out_shape=None, **__):
     # per element: the finiteness check and the multiply by the inverse scale
+    """The formula of ``aten._amp_foreach_non_finite_check_and_unscale_``: its FLOPs from the shapes of its
+    arguments."""
     return 2 * sum(numel(g) for g in grads)

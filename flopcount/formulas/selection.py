@@ -33,6 +33,7 @@ BOX_AREA = 3
 
 
 def sort_comparisons(n: int) -> int:
+    """Comparisons of a sort of ``n`` elements: ``n ceil(log2 n)``."""
     return n * math.ceil(math.log2(n)) if n > 1 else 0
 
 
@@ -46,6 +47,7 @@ def _slices(shape, dim: int):
 
 @register("aten.sort", family="selection")
 def sort(x, *args, out_shape=None, dim=-1, **__):
+    """The formula of ``aten.sort``: its FLOPs from the shapes of its arguments."""
     if args and isinstance(args[0], int) and not isinstance(args[0], bool):
         dim = args[0]
     slices, n = _slices(x, dim)
@@ -54,6 +56,7 @@ def sort(x, *args, out_shape=None, dim=-1, **__):
 
 @register("aten.topk", family="selection")
 def topk(x, k, dim=-1, largest=True, sorted=True, *_, out_shape=None, **__):
+    """The formula of ``aten.topk``: its FLOPs from the shapes of its arguments."""
     slices, n = _slices(x, dim)
     return slices * (n + (sort_comparisons(int(k)) if sorted else 0))
 
@@ -91,6 +94,7 @@ def visited_pairs(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: floa
 
 @register("torchvision.nms", family="selection", values=True)
 def nms(boxes, scores, iou_threshold, *_, out_shape=None, **__):
+    """The formula of ``torchvision.nms``: its FLOPs from the shapes of its arguments."""
     k = int(shape_of(boxes)[0])
     pairs = visited_pairs(_real(boxes), _real(scores), float(iou_threshold))
     return sort_comparisons(k) + BOX_AREA * k + IOU_PAIR * pairs
@@ -103,17 +107,20 @@ def _adjacent(n: int) -> int:
 
 @register(*existing("_unique", "_unique2"), family="selection")
 def unique(x, *_, out_shape=None, **__):
+    """The formula of ``aten._unique``, ``aten._unique2``: its FLOPs from the shapes of its arguments."""
     n = numel(x)
     return sort_comparisons(n) + _adjacent(n)
 
 
 @register(*existing("unique_consecutive"), family="selection")
 def unique_consecutive(x, *_, out_shape=None, **__):
+    """The formula of ``aten.unique_consecutive``: its FLOPs from the shapes of its arguments."""
     return _adjacent(numel(x))
 
 
 @register(*existing("unique_dim"), family="selection")
 def unique_dim(x, dim, *_, out_shape=None, **__):
+    """The formula of ``aten.unique_dim``: its FLOPs from the shapes of its arguments."""
     rows = int(x[dim]) if len(x) else 1
     width = numel(x) // rows if rows else 0
     return width * (sort_comparisons(rows) + _adjacent(rows))

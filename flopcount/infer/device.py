@@ -34,22 +34,27 @@ class PhaseRoofline:
 
     @property
     def bound(self) -> str:
+        """``memory`` where the phase's intensity is below the ridge point, else ``compute``."""
         return "memory" if self.intensity < self.ridge else "compute"
 
     @property
     def seconds_per_forward(self) -> float:
+        """The roofline time of one forward of the phase."""
         return self.seconds / self.forwards if self.forwards else math.nan
 
     @property
     def seconds_per_token(self) -> float:
+        """The roofline time per token of the phase."""
         return self.seconds / self.tokens if self.tokens else math.nan
 
     @property
     def tokens_per_second(self) -> float:
+        """Tokens per second at the roofline time."""
         return self.tokens / self.seconds if self.seconds else math.nan
 
     @property
     def measured_tokens_per_second(self) -> Optional[float]:
+        """Tokens per second at the measured time, where one was given."""
         return self.tokens / self.measured_seconds if self.measured_seconds else None
 
     @property
@@ -63,6 +68,7 @@ class PhaseRoofline:
         return self.bytes / self.measured_seconds / self.bandwidth if self.measured_seconds else None
 
     def to_dict(self) -> dict:
+        """The phase's figures as plain JSON-ready values."""
         keys = ("phase", "forwards", "tokens", "flops", "bytes", "seconds", "peak_flops", "bandwidth",
                 "memory_share", "intensity", "ridge", "measured_seconds")
         d = {k: getattr(self, k) for k in keys}
@@ -89,9 +95,11 @@ class Prediction:
 
     @property
     def seconds(self) -> float:
+        """The roofline time of every phase together."""
         return sum(p.seconds for p in self.phases.values())
 
     def to_dict(self) -> dict:
+        """The prediction as plain JSON-ready values."""
         return {"device": self.device, "source": self.source, "ttft": self.ttft, "seconds": self.seconds,
                 "phases": {k: v.to_dict() for k, v in self.phases.items()}, "notes": list(self.notes)}
 

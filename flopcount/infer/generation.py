@@ -52,6 +52,7 @@ class Generation:
 
     @property
     def decode_steps(self) -> int:
+        """Decode forwards: one fewer than the tokens generated (the prefill makes the first)."""
         return max(self.new_tokens - 1, 0)
 
     def tokens(self, phase: str) -> int:
@@ -74,9 +75,11 @@ class Generation:
 
     @property
     def phase_names(self) -> tuple:
+        """``("forward",)`` for a single forward, else prefill and decode."""
         return (FORWARD,) if FORWARD in self.report.phases else PHASES
 
     def phases(self) -> pd.DataFrame:
+        """One row per phase: its FLOPs, bytes and their parts, per token too."""
         return pd.DataFrame([self.phase(p) for p in self.phase_names]).set_index("phase")
 
     def on(self, spec, *, measured_tokens_per_s: Optional[float] = None,
@@ -94,6 +97,7 @@ class Generation:
                        tf32=tf32)
 
     def to_dict(self) -> dict:
+        """The generation's summary as plain JSON-ready values."""
         return {"model": self.model, "batch": self.batch, "prompt": self.prompt_len, "new_tokens": self.new_tokens,
                 "decode_steps": self.decode_steps, "dtype": self.dtype, "device": self.device, "as": self.as_device,
                 "phases": {p: self.phase(p) for p in self.phase_names}, "uncounted": self.report.uncounted,
@@ -107,6 +111,7 @@ def _phase(name: str) -> str:
 
 
 def is_causal_lm(model) -> bool:
+    """Whether ``model`` is a transformers model that generates (not an encoder-decoder)."""
     return (models_hf.is_hf(model) and callable(getattr(model, "generate", None))
             and not getattr(model.config, "is_encoder_decoder", False))
 
@@ -272,11 +277,13 @@ class Feed:
         self.length = 0
 
     def first(self) -> dict:
+        """The prefill's keyword arguments: the prompt ids, their mask and positions."""
         mask = torch.ones_like(self.ids)
         self.positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
         return self._kwargs(self.ids)
 
     def next(self, chosen: torch.Tensor) -> dict:
+        """The next decode step's keyword arguments, for the ``chosen`` tokens."""
         self.positions = self.positions[:, -1:] + 1
         return self._kwargs(chosen[:, None])
 
@@ -308,6 +315,7 @@ def greedy(out) -> torch.Tensor:
 
 
 def float_dtype(model) -> torch.dtype:
+    """The dtype of the model's first floating-point parameter."""
     for p in model.parameters():
         if p.dtype.is_floating_point:
             return p.dtype
@@ -387,6 +395,7 @@ def _nbytes(t) -> int:
     return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
 
 def intensity(flops: float, nbytes: float) -> float:
+    """FLOPs per byte (infinite where no byte moves and there are FLOPs, NaN where neither)."""
     if nbytes > 0:
         return flops / nbytes
     return math.inf if flops > 0 else math.nan

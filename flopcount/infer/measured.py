@@ -27,6 +27,7 @@ class Measured:
     forward: Optional[Measurement] = None
 
     def to_dict(self) -> dict:
+        """The measured times as plain JSON-ready values."""
         d = {"device": self.device, "runs": self.runs}
         for name in ("prefill", "decode", FORWARD):
             m = getattr(self, name)

@@ -24,9 +24,13 @@ class Inference:
     generation: Generation
     prediction: Optional[Prediction] = None
     measured: Optional[Measured] = None
+    dtype_source: str = ""  # "config": the dtype the model's config names (the one it is served in)
 
     def to_dict(self) -> dict:
+        """``flopcount infer``'s json document: the count, its steps and ops, the roofline and the measured run."""
         d = self.generation.to_dict()
+        if self.dtype_source:
+            d["dtype_source"] = self.dtype_source
         d["steps"] = json.loads(self.generation.steps.to_json(orient="records"))
         # per module, op and phase: bytes as the ops ran, and by the byte rule (the cache's copies as entries written)
         d["ops"] = json.loads(self.generation.report.frame.to_json(orient="records"))
@@ -67,6 +71,12 @@ def from_spec(model_spec: str, *, prompt_len: Optional[int] = None, new_tokens: 
     dtype = parse_dtype(dtype)
     model, name = load_model(model_spec, device=device, train=False)
     model.eval()
+    dtype_source = ""
+    if dtype is None:
+        # a model is served in the dtype its config names (bf16 for most checkpoints), never in the float32 some
+        # transformers versions build it in from a config
+        dtype = config_dtype(model)
+        dtype_source = "config" if dtype is not None else ""
     if dtype is not None:
         model = model.to(dtype)
     if models_hf.is_hf(model) and getattr(model.config, "is_encoder_decoder", False):
@@ -94,14 +104,27 @@ def from_spec(model_spec: str, *, prompt_len: Optional[int] = None, new_tokens: 
         prediction = None
         if spec is not None:
             prediction = gen.on(spec, measured_tokens_per_s=measured_tokens_per_s, measured_ttft=measured_ttft)
-        return Inference(gen, prediction)
+        return Inference(gen, prediction, dtype_source=dtype_source)
     with model_errors(name):
         measured = timed()
     cpu = cpu_probe.cpu_spec(sorted({"float32", gen.dtype}))
     tps, ttft = measured_rates(gen, measured)
     # flopcount's own timing: a model that fits in the CPU's caches may beat its memory bandwidth (said in a note)
     return Inference(gen, predict(gen, cpu, measured_tokens_per_s=tps, measured_ttft=ttft, check_rates=False),
-                     measured)
+                     measured, dtype_source)
+
+
+def config_dtype(model) -> Optional[torch.dtype]:
+    """The floating-point dtype a transformers model's config names (``dtype``, formerly ``torch_dtype``), else
+    None (a model of another kind, or a config that names none)."""
+    config = getattr(model, "config", None) if models_hf.is_hf(model) else None
+    if config is None:
+        return None
+    # transformers 5 names it dtype and warns on every read of the old name; older versions have only torch_dtype
+    value = getattr(config, "dtype" if "dtype" in dir(config) else "torch_dtype", None)
+    if isinstance(value, str):
+        value = getattr(torch, value.replace("torch.", ""), None)
+    return value if isinstance(value, torch.dtype) and value.is_floating_point else None
 
 
 # what a transformers model's example batch carries for its loss: left out of an inference forward

@@ -39,12 +39,14 @@ import pandas as pd
 from ..range_texts import DOMAIN, PHASES, parse_text
 from ..report import UNCOUNTED
 from . import kineto_trace, nsys_export
+from .module_events import module_events
 from .nesting import innermost, nest
 from .profile import Profile, ProfileError
 
 
 def analyze(prof):
     # the formula table behind the analysis needs torch: loaded when an analysis is made, not with this module
+    """The de-duplicated analysis of ``prof`` (its FLOPs per op)."""
     from .dedup import analyze as analyze_profile
 
     return analyze_profile(prof)
@@ -72,6 +74,7 @@ class Annotations:
 
     @property
     def has_flops(self) -> bool:
+        """Whether the ops' FLOPs are known (markers with shapes)."""
         return self.ops is not None
 
     def step_seconds(self) -> np.ndarray:
@@ -80,6 +83,7 @@ class Annotations:
         return (s["end"] - s["start"]).to_numpy(np.int64) / 1e9
 
     def by(self, key: str = "step") -> pd.DataFrame:
+        """The table per ``step``, ``phase`` or ``module``."""
         if key == "step":
             return self._by_step()
         if key == "phase":
@@ -237,9 +241,11 @@ def read(profile, analysis=None, domain: str = DOMAIN, module_ranges: Optional[s
     return _charged(prof, analysis, rng, notes)
 
 
-def _charged(prof, analysis, rng, notes, no_markers: str = NO_MARKERS, no_shapes: str = NO_SHAPES) -> Annotations:
+def _charged(prof, analysis, rng, notes, no_markers: str = NO_MARKERS, no_shapes: str = NO_SHAPES,
+             module_of=None) -> Annotations:
     """``rng``'s steps, phases and modules with ``prof``'s kernels and ``analysis``'s ops charged to them (a
-    profile without device activity: each op's own CPU time in place of its kernels')."""
+    profile without device activity: each op's own CPU time in place of its kernels'); ``module_of(tid, times)``,
+    where given, names the module of each instead of the innermost module range."""
     steps = _lanes(rng[rng["kind"] == "step"], rng.loc[rng["kind"] == "step", "proc"])
     phases = _lanes(rng[rng["kind"] == "phase"], rng.loc[rng["kind"] == "phase", "proc"])
     modules = _lanes(rng[rng["kind"] == "module"], rng.loc[rng["kind"] == "module", "tid"])
@@ -249,7 +255,7 @@ def _charged(prof, analysis, rng, notes, no_markers: str = NO_MARKERS, no_shapes
         proc = tid >> 24
         frame["step"] = _charge(steps, proc, time, "name", "-1").astype(np.int64)
         frame["phase"] = _charge(phases, proc, time, "name", "")
-        frame["module"] = _charge(modules, tid, time, "name", "")
+        frame["module"] = module_of(tid, time) if module_of else _charge(modules, tid, time, "name", "")
         frame["proc"] = proc
         return frame
 
@@ -348,24 +354,35 @@ def trace_module_ranges(prof, module_ranges: Optional[str] = None) -> tuple:
 
 
 def load_trace(path, module_ranges: Optional[str] = None) -> Annotations:
-    """``--by module`` of a torch.profiler trace: each op (its FLOPs, and its kernels' device time, or its own CPU
-    time in a trace without device activity) goes to the innermost module range (see ``trace_module_ranges``)
-    open on its own thread at its start; what runs outside every one is the root's. Raises ProfileError where the
-    trace holds no such range."""
+    """``--by module`` of a torch.profiler trace. Its modules are PyTorch's own module events where it has them
+    (``with_stack``/``with_modules``, see ``module_events``; each backward op goes to its forward op's module),
+    else, or with ``module_ranges``, the user's record_function ranges (see ``trace_module_ranges``), where each
+    op goes to the innermost one open on its own thread at its start. An op brings its FLOPs and its kernels'
+    device time (its own CPU time in a trace without device activity); what runs outside every module is the
+    root's. Raises ProfileError where the trace holds neither."""
 
     prof = kineto_trace.load(path)
-    rng, rule = trace_module_ranges(prof, module_ranges)
+    module_of = None
+    if module_ranges is None:
+        rng, module_of = module_events(prof.path, prof.ranges)
+    if module_of is not None:
+        notes = ["modules from PyTorch's module events (with_stack/with_modules), named by class and instance "
+                 "(Sequential_1.Flatten_0; the model is the root): each forward op goes to the innermost module open at its start, each "
+                 "backward op to the module of the forward op that made its autograd node"]
+    else:
+        rng, rule = trace_module_ranges(prof, module_ranges)
     if rng.empty:
         what = (f"named {module_ranges!r} + a module path" if module_ranges else
                 "named like a module path (features.0)")
         raise ProfileError(
-            f"{prof.path}: no record_function range (user_annotation) {what}: wrap each module's call in "
-            "torch.profiler.record_function(\"features.0\") (its dotted path in the model), with --module-ranges "
-            "PREFIX where the names carry a prefix")
-    notes = [f"modules from {rule}: each op goes to the innermost one open on its thread; work outside every one "
-             "(the loss, and the backward unless ranges are opened around it too: on a GPU it runs on the autograd "
-             "engine's thread) is the root's"]
-    ann = _charged(prof, analyze(prof), rng, notes, no_shapes=TRACE_NO_SHAPES)
+            f"{prof.path}: no record_function range (user_annotation) {what}, nor module events: record with "
+            "with_stack=True, or wrap each module's call in torch.profiler.record_function(\"features.0\"), with "
+            "--module-ranges PREFIX where the names carry a prefix")
+    if module_of is None:
+        notes = [f"modules from {rule}: each op goes to the innermost one open on its thread; work outside every "
+                 "one (the loss, and the backward unless ranges are opened around it too: on a GPU it runs on the "
+                 "autograd engine's thread) is the root's"]
+    ann = _charged(prof, analyze(prof), rng, notes, no_shapes=TRACE_NO_SHAPES, module_of=module_of)
     if ann.ops is not None:  # the module table has forward and backward columns: say what is in neither
         opt = int(ann.ops.loc[ann.ops["op_phase"] == "optimizer", "flops"].sum())
         if opt:

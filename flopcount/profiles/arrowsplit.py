@@ -241,11 +241,13 @@ class Dictionary:
         self.index: dict = {}
 
     def codes(self, codes, dictionary) -> np.ndarray:
+        """``codes`` of an Arrow ``dictionary``, renumbered into this dictionary's codes."""
         values = dictionary.to_pylist()
         new = np.fromiter((self.index.setdefault(v, len(self.index)) for v in values), np.int32, len(values))
         return _remap(codes, new)
 
     def categories(self):
+        """The values of this dictionary in code order."""
         import pandas as pd
 
         return pd.Index(list(self.index), dtype=object)

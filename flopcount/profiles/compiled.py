@@ -38,6 +38,7 @@ GENERATED = " (generated code: time outside its aten ops)"
 
 
 def is_region(name: str) -> bool:
+    """Whether a range's ``name`` opens a compiled region."""
     return name.startswith(REGION_PREFIXES)
 
 

@@ -91,6 +91,7 @@ class Analysis:
         return float(f["flops"].sum()) / t if t > 0 and self.has_shapes else float("nan")
 
     def gpu_seconds(self, phase: Optional[str] = None) -> float:
+        """The device time of the ops (of ``phase``, or all)."""
         f = self.ops if phase is None else self.ops[self.ops["phase"] == phase]
         return float(f["gpu_s"].sum())
 

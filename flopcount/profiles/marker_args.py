@@ -32,6 +32,7 @@ from ..errors import reason
 
 @dataclass(frozen=True)
 class Context:
+    """What is known of one op call beside its marker: output sizes, a linked backward node, its inputs."""
     out: Optional[Tuple[Tuple[int, ...], ...]] = None  # output sizes, from the linked backward node
     linked: bool = False  # a backward node with this op's seq exists
     input_needs_grad: bool = True  # backward ops: the forward op's data input required a gradient
@@ -325,10 +326,12 @@ _SCALES = ("alpha", "value")
 
 
 def numel_or0(s) -> int:
+    """Elements of a shape (1 for a scalar's empty shape)."""
     return formulas.numel(s) if len(s) else 1
 
 
 class CannotDerive(Exception):
+    """A marker's arguments do not give what a formula needs."""
     pass
 
 

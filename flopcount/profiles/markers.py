@@ -38,6 +38,7 @@ _BACKWARD_NODE = re.compile(r"^(?:[\w:]+Backward\d*|torch::autograd::\w+)$")
 
 @dataclass(frozen=True)
 class Marker:
+    """One emit_nvtx marker, split: the op's name, sequence number, op id, input sizes and input op ids."""
     name: str
     seq: Optional[int] = None
     op_id: Optional[int] = None
@@ -60,6 +61,7 @@ def parse(text: str) -> Marker:
 
 
 def parse_sizes(text: str) -> List[List[int]]:
+    """A marker's ``sizes`` text as lists of dimensions."""
     return json.loads(text)
 
 
@@ -80,6 +82,7 @@ def sql_columns(text: str) -> str:
 
 
 def is_engine_wrapper(name: str) -> bool:
+    """Whether a range is the autograd engine's wrapper around a backward node."""
     return name.startswith(ENGINE_WRAPPER)
 
 
@@ -89,6 +92,7 @@ def is_backward_node(name: str) -> bool:
 
 
 def is_aten(name: str) -> bool:
+    """Whether a range names an aten op."""
     return name.startswith("aten::")
 
 

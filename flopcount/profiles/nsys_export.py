@@ -101,10 +101,12 @@ def _refuse_hot_journal(path: str) -> None:
 
 
 def connect(path: str) -> sqlite3.Connection:
+    """A read-only connection to the SQLite export at ``path``."""
     return _open(path)[0]
 
 
 def query(con, sql: str, path: str, params=()):
+    """The rows of ``sql``; a corrupt or truncated file is one ProfileError line."""
     try:
         return con.execute(sql, params).fetchall()
     except sqlite3.DatabaseError as exc:  # a truncated file fails here, not at connect time
@@ -114,6 +116,7 @@ def query(con, sql: str, path: str, params=()):
 
 
 def columns(con, table: str, path: str) -> set:
+    """The column names of ``table``."""
     return {row[1] for row in query(con, f"PRAGMA table_info([{table}])", path)}
 
 
@@ -145,6 +148,7 @@ def check_schema(con, path: str) -> dict:
 
 
 def event_type_ids(con, path: str):
+    """The NVTX event type ids of push/pop and start/end ranges in this export's schema."""
     rows = query(con, "SELECT name FROM sqlite_master WHERE type='table' AND name='ENUM_NSYS_EVENT_TYPE'", path)
     if not rows:
         return (_PUSH_POP,), (_START_END,)
@@ -255,6 +259,7 @@ def _read_ranges(uri, path, con, push, skipped, where: str = "1", start_end=(), 
 
 
 def event_ids(con, path) -> dict:
+    """The NVTX event type ids by kind (push, start_end, domain) in this export."""
     push, start_end = event_type_ids(con, path)
     ids = {"push": push, "start_end": start_end, "domain": (_DOMAIN_CREATE,)}
     rows = query(con, "SELECT name FROM sqlite_master WHERE type='table' AND name='ENUM_NSYS_EVENT_TYPE'", path)
@@ -265,6 +270,7 @@ def event_ids(con, path) -> dict:
 
 
 def text_sql(cols: set) -> tuple:
+    """The SQL expression of an NVTX event's text and the join it needs, for the columns the export has."""
     if "textId" in cols:
         text = "COALESCE(n.text, s.value)" if "text" in cols else "s.value"
         return text, "LEFT JOIN StringIds s ON s.id = n.textId"

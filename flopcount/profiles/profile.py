@@ -49,6 +49,7 @@ def check_path(path: str) -> int:
 
 
 def head(path: str, n: int = 16) -> bytes:
+    """The first ``n`` bytes of ``path``; ProfileError where it cannot be read."""
     try:
         with open(path, "rb") as fh:
             return fh.read(n)
@@ -83,4 +84,5 @@ class Profile:
 
     @property
     def unlaunched(self) -> int:
+        """Kernels whose launch is not in the file."""
         return int((self.kernels["launch_tid"] < 0).sum())

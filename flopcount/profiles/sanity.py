@@ -39,6 +39,7 @@ ALL_ZERO = "every op has a duration of 0: the trace holds no times to nest its o
 
 
 def count(skipped: dict, reason: str, n) -> None:
+    """Add ``n`` rows left out for ``reason`` to ``skipped``."""
     if n:
         skipped[reason] = skipped.get(reason, 0) + int(n)
 

@@ -44,6 +44,7 @@ def as_int64(col):
 
 
 def as_text(col):
+    """An Arrow column as plain strings."""
     pa, _, _ = arrow()
     if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
         return col.cast(pa.string())
@@ -87,6 +88,7 @@ def batches(uri: str, sql: str, path: str):
 
 
 def count(skipped: dict, reason: str, n: int) -> None:
+    """Add ``n`` rows left out for ``reason`` to ``skipped``."""
     if n:
         skipped[reason] = skipped.get(reason, 0) + int(n)
 
@@ -128,6 +130,7 @@ class Growing:
         self.cols = [np.empty(max(int(capacity), 1 << 12), dt) for dt in dtypes]
 
     def append(self, *arrays) -> None:
+        """Append a batch of rows, one array per column, growing the buffers as needed."""
         m = len(arrays[0])
         if self.n + m > len(self.cols[0]):
             cap = max(2 * len(self.cols[0]), self.n + m)
@@ -142,6 +145,7 @@ class Growing:
         self.n += m
 
     def columns(self) -> list:
+        """The columns filled so far."""
         return [c[:self.n] for c in self.cols]
 
 

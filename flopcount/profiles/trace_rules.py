@@ -90,6 +90,7 @@ def ns(x) -> int:
 
 
 def ns_or_none(x):
+    """Microseconds as integer nanoseconds (see ``ns``), or None for a value that is no time."""
     try:
         return ns(x)
     except (TypeError, ValueError, OverflowError):
@@ -127,10 +128,12 @@ def amount(v) -> float:
 
 
 def device_name(name) -> str:
+    """A kernel's or device's name as text, at most ``NAME_MAX`` characters."""
     return name[:NAME_MAX] if type(name) is str else str(name)[:NAME_MAX]
 
 
 def op_name_ok(name) -> bool:
+    """Whether an event's name is usable: a non-empty text of at most ``NAME_MAX`` characters."""
     return type(name) is str and 0 < len(name) <= NAME_MAX
 
 

@@ -31,6 +31,7 @@ class TorchBackend:
 
     # naming
     def device_name(self) -> str:
+        """The device the time rows run on, by name (the GPU's, or this CPU's)."""
         import torch
 
         if self.device.startswith("cuda"):
@@ -38,6 +39,7 @@ class TorchBackend:
         return "cpu"
 
     def estimators(self) -> List[str]:
+        """The forward-FLOP estimators installed here that apply to the study's models."""
         from ..estimators import available, get_estimator
 
         # "theory" is fvcore x 3 (the same forward count as fvcore) and the name of a time method here; the closed
@@ -135,6 +137,7 @@ class TorchBackend:
         return time_step(step, device=self.device, steps=self.config.steps, warmup=self.config.warmup)
 
     def epoch_time(self, name: str, batch: int, dataset) -> Tuple[float, int]:
+        """(seconds, samples) of one pass over ``dataset`` at batch ``batch``, data loading included."""
         import torch
 
         from ..timing import time_epoch
@@ -179,6 +182,7 @@ class TorchBackend:
                                       num_classes=self.config.num_classes) for m in models}
 
     def close(self, name: Optional[str] = None) -> None:
+        """Drop the models held for ``name`` and free the device's memory."""
         self._real = self._peer = (None, None)
         free_memory(self.device)
 

@@ -44,6 +44,7 @@ class StudyConfig:
     epoch_batch_sizes: Optional[Sequence[int]] = None
 
     def validate(self) -> "StudyConfig":
+        """The config checked (models, batch sizes, methods, estimators); StudyError for the first thing wrong."""
         if not self.models:
             raise StudyError("no models to run")
         sizes = [int(b) for b in self.batch_sizes]

@@ -72,6 +72,7 @@ def findings(res: StudyResult, t: Dict[str, pd.DataFrame]) -> List[str]:
 
 
 def forward_counting(est: pd.DataFrame) -> List[str]:
+    """What the forward counts of the estimators say, against the study's findings."""
     cols = [c for c in est.columns if est[c].notna().any()]
     if len(cols) < 2:
         return []
@@ -97,6 +98,7 @@ def forward_counting(est: pd.DataFrame) -> List[str]:
 
 
 def per_sample(flat: pd.Series) -> List[str]:
+    """Whether the FLOPs per sample stay flat across batch sizes."""
     known = flat.dropna()
     if known.empty:
         return []
@@ -113,6 +115,7 @@ def per_sample(flat: pd.Series) -> List[str]:
 
 
 def ratios(res: StudyResult, rat: pd.DataFrame) -> List[str]:
+    """The backward/forward ratios found, against the study's."""
     claims = []
     for name, want in STUDY_RATIOS.items():
         v = pd.to_numeric(rat[name], errors="coerce").dropna() if name in rat else pd.Series(dtype=float)
@@ -182,6 +185,7 @@ def timing_noise(res: StudyResult):
 
 
 def utilization(res: StudyResult, u: pd.DataFrame) -> List[str]:
+    """The utilization found, against the study's range for most models."""
     P = PUBLISHED
     lo, hi = P["utilization_most"]
     dev = str(res.meta.get("device", ""))
@@ -206,6 +210,7 @@ def utilization(res: StudyResult, u: pd.DataFrame) -> List[str]:
 
 
 def outliers(res: StudyResult, u: pd.DataFrame, flat: Optional[pd.Series]) -> List[str]:
+    """The slowest models, against the study's outliers."""
     P = PUBLISHED
     batch_cols = [c for c in u.columns if c.startswith("batch b=")]
     col = batch_cols[-1] if batch_cols else u.columns[-1]
@@ -258,6 +263,7 @@ def outliers(res: StudyResult, u: pd.DataFrame, flat: Optional[pd.Series]) -> Li
 
 
 def first_principles(rf: Optional[dict]) -> List[str]:
+    """Why the outliers are slow, from the roofline of counting alone."""
     if not rf or not all(m in rf for m in ROOFLINE_MODELS):
         return []
     a, b = ROOFLINE_MODELS

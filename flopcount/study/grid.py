@@ -22,11 +22,13 @@ from __future__ import annotations
 import math
 import os
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, List, Sequence, Tuple
 
 from .. import peak_policy
 from ..errors import FlopcountError, is_oom, one_line
+from ..progress import shown
 from ..ratios import ratio_rows
 from .backend import TorchBackend, free_memory
 from .config import NVTX_METHODS, StudyConfig, StudyError
@@ -40,6 +42,7 @@ from .store import (COLUMNS, COUNT, ERROR, FIGURES, KEY, OK, OOM, RATIO_COLUMNS,
 
 @dataclass
 class Task:
+    """One row of the grid: a model, batch size and method, counted or timed on a device."""
     model: str
     batch_size: int
     method: str
@@ -48,6 +51,7 @@ class Task:
 
     @property
     def key(self) -> dict:
+        """The row's key in the results file."""
         return dict(model=self.model, batch_size=self.batch_size, method=self.method, device=self.device)
 
 
@@ -153,29 +157,67 @@ def _run_locked(config, out, backend, resume, progress, figures, log) -> StudyRe
     run = _Run(backend=backend, out=out, results=results, ratios=ratios, meta=meta, dataset=dataset,
                tf32=backend.tf32() if hasattr(backend, "tf32") else None)
     bar = _progress(len(tasks), len(tasks) - len(todo), progress)
+    # no bar where stderr is no terminal (a pipe, a log file): a line per row instead, so a long run is never silent
+    lines = progress and not shown()
     ran = 0
     current = None
+    started = time.perf_counter()
+    finished = False
     try:
-        for t in todo:
+        for i, t in enumerate(todo):
             if current is not None and t.model != current and hasattr(backend, "close"):
                 backend.close(current)  # free the last model's memory before the next one
             current = t.model
             bar.set_description(f"{t.model} b={t.batch_size} {t.method}")
-            results.put(_run_task(t, run))
+            row_started = time.perf_counter()
+            row = _run_task(t, run)
+            results.put(row)
             ran += 1
             bar.update(1)
+            if lines:
+                print(row_line(row, len(tasks) - len(todo) + ran, len(tasks), time.perf_counter() - row_started,
+                               time.perf_counter() - started), file=sys.stderr, flush=True)
+            if i + 1 < len(todo) and todo[i + 1].model != t.model:
+                # a model's rows are done: the report and figures of what there is, so a stopped run leaves them
+                _publish(run, ran, len(tasks) - len(todo), figures, log, final=False)
+        finished = True
     finally:
         bar.close()
         if hasattr(backend, "close"):
             backend.close(current)
+        if not finished and ran:
+            try:  # stopped (Ctrl-C, an error): the report of the rows written so far, figures as last drawn
+                _publish(run, ran, len(tasks) - len(todo), False, log, final=False)
+            except Exception as exc:
+                log(f"note: the report of the rows so far was not written: {one_line(exc)}")
+    return _publish(run, ran, len(tasks) - len(todo), figures, log, final=True)
 
-    res = StudyResult(out=out, results=results.frame(), ratios=ratios.frame(), meta=meta, ran=ran,
-                      skipped=len(tasks) - len(todo))
+
+def row_line(row: dict, n: int, total: int, seconds: float, elapsed: float) -> str:
+    """One finished row as a log line: ``[n/total] model b=N method: utilization U (status), its seconds and the
+    run's elapsed time``."""
+    what = f"[{n}/{total}] {row['model']} b={row['batch_size']} {row['method']}:"
+    u = row.get("utilization")
+    if row["status"] != OK:
+        said = f"{row['status']}: {row.get('message', '')}"
+    elif u is not None:
+        said = f"utilization {u:.3g}"
+    else:
+        said = f"{row.get('flops', 0):.4g} FLOPs counted"
+    return f"{what} {said}  ({seconds:.1f} s, {elapsed:.0f} s elapsed)"
+
+
+def _publish(run: _Run, ran: int, skipped: int, figures: bool, log, final: bool) -> StudyResult:
+    """REPORT.md (and the figures) of what the folder holds now. Mid-run the roofline is left for the end: it counts
+    two models of its own."""
+    res = StudyResult(out=run.out, results=run.results.frame(), ratios=run.ratios.frame(), meta=run.meta, ran=ran,
+                      skipped=skipped)
     if figures:
-        res.figures = write_figures(res, os.path.join(out, FIGURES), backend=backend, log=log,
-                                    redraw=ran > 0 or "roofline" not in meta)
-    save_meta(out, res.meta)
-    res.report_path = os.path.join(out, REPORT)
+        res.figures = write_figures(res, os.path.join(run.out, FIGURES), backend=run.backend, log=log,
+                                    redraw=ran > 0 or "roofline" not in run.meta,
+                                    skip=() if final else ("roofline",))
+    save_meta(run.out, res.meta)
+    res.report_path = os.path.join(run.out, REPORT)
     write(res.report_path, render_report(res))
     return res
 

@@ -19,8 +19,9 @@ from .store import COUNT, FIGURES, KEY, META, OK, RATIOS, RESULTS, TIME, StudyRe
 
 # --- figures -------------------------------------------------------------------------------------------------------
 def write_figures(res: StudyResult, folder: str, backend=None, log: Callable[[str], None] = print,
-                  redraw: bool = True) -> Dict[str, str]:
-    """The study's figures as PNGs in ``folder``; a figure that cannot be drawn is skipped with a note."""
+                  redraw: bool = True, skip=()) -> Dict[str, str]:
+    """The study's figures as PNGs in ``folder``; a figure that cannot be drawn is skipped with a note, and those
+    named in ``skip`` are left as they are (or not drawn yet)."""
     from .. import plots
 
     try:
@@ -37,6 +38,10 @@ def write_figures(res: StudyResult, folder: str, backend=None, log: Callable[[st
     }
     for name, job in jobs.items():
         path = os.path.join(folder, f"{name}.png")
+        if name in skip:
+            if os.path.exists(path):
+                made[name] = path
+            continue
         if not redraw and os.path.exists(path):
             made[name] = path  # nothing new since it was drawn
             continue

@@ -87,13 +87,16 @@ class ResultsFile:
         return tuple(str(row.get(k)) for k in self.key)
 
     def get(self, **key) -> Optional[dict]:
+        """The row with this key, or None."""
         i = self._index.get(self._key(key))
         return None if i is None else self.rows[i]
 
     def put(self, row: dict) -> None:
+        """Add or replace one row and write the file."""
         self.extend([row])
 
     def extend(self, rows: Sequence[dict]) -> None:
+        """Add or replace rows and write the file."""
         for row in rows:
             self._place(row)
             self._mine.add(self._key(row))
@@ -108,6 +111,7 @@ class ResultsFile:
             self.rows.append(row)
 
     def frame(self) -> pd.DataFrame:
+        """The rows as a DataFrame of the file's columns."""
         return pd.DataFrame(self.rows, columns=self.columns) if self.rows else pd.DataFrame(columns=self.columns)
 
     def merge(self) -> int:
@@ -125,6 +129,7 @@ class ResultsFile:
         return taken
 
     def flush(self) -> None:
+        """Merge what another writer left and write the file atomically."""
         self.merge()
         write(self.path, self.frame().to_csv(index=False))
         self._seen = _stat(self.path)
@@ -212,6 +217,7 @@ def _clean(row: dict) -> dict:
 
 
 def load_meta(out: str) -> dict:
+    """The run's settings kept in the folder (an empty dict where there are none)."""
     path = os.path.join(out, META)
     if not os.path.exists(path):
         return {}
@@ -223,6 +229,7 @@ def load_meta(out: str) -> dict:
 
 
 def save_meta(out: str, meta: dict) -> None:
+    """Keep the run's settings in the folder, atomically."""
     write(os.path.join(out, META), json.dumps(jsonable(meta), indent=2))
 
 
