@@ -16,6 +16,7 @@ from .device import Prediction, predict
 from .generation import Generation, check_sizes, forward_cost, generate_cost, is_causal_lm
 from .measured import Measured, measured_rates, time_forward, time_generation
 
+
 @dataclass
 class Inference:
     """What ``flopcount infer`` reports: the count, its roofline on a device (a spec, or this CPU measured), and a
