@@ -139,6 +139,7 @@ def main(argv=None) -> int:
 SOURCES = {
     "matrix_efficiency": "fitted: share of the matrix peak (the precision's column of data/peaks.csv) that a tiled "
                          "GEMM reaches per SM, on the NVIDIA profiles below",
+    "fma_efficiency": "fitted: the same share for a product on the FMA units (fp32 without TF32: sgemm kernels)",
     "k_overhead": "fitted: each output tile's fixed cost in steps of its K loop",
     "bandwidth_efficiency": "fitted: share of the datasheet bandwidth a large transfer reaches",
     "bandwidth_half_bytes": "fitted: the transfer size reaching half of that (bytes in flight over the latency)",

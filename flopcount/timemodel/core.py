@@ -33,7 +33,7 @@ SPLIT_K_MIN = 256  # the least K a split of K leaves to each part
 class Params:
     """The time model's parameters for one kind of device (fitted, see ``data/time_model.json``)."""
 
-    matrix_efficiency: float  # share of the matrix peak a large, well-tiled GEMM reaches
+    matrix_efficiency: float  # share of the tensor-core peak a large, well-tiled GEMM reaches
     k_overhead: float  # a tile's fixed cost (prologue, epilogue), in steps of its K loop
     bandwidth_efficiency: float  # share of the datasheet bandwidth a large transfer reaches
     bandwidth_half_bytes: float  # the transfer size that reaches half of that
@@ -41,6 +41,7 @@ class Params:
     host_launch_s: float  # CPU time to dispatch and launch one kernel in eager mode
     vector_efficiency: float = 0.5  # share of the vector peak an elementwise kernel's arithmetic reaches
     reduction_floor_s: float = 0.0  # the least time of a reduction's kernel (it combines across blocks)
+    fma_efficiency: float = 0.0  # the same share for a product on the FMA units (fp32 without TF32); 0: as above
 
 
 REDUCING = frozenset({"reduction", "norm", "softmax", "loss"})  # families whose kernels reduce across blocks
@@ -69,13 +70,19 @@ class Tiling:
     seconds: float
 
 
-def tiling(g: Gemm, sms: int, peak: float, p: Params, tiles: Sequence[Tuple[int, int]] = TILES) -> Tiling:
+def matrix_share(p: Params, fma: bool) -> float:
+    """The share of peak a product reaches: on tensor cores, or (``fma``) on the FMA units."""
+    return p.fma_efficiency if fma and p.fma_efficiency > 0 else p.matrix_efficiency
+
+
+def tiling(g: Gemm, sms: int, peak: float, p: Params, tiles: Sequence[Tuple[int, int]] = TILES,
+           fma: bool = False) -> Tiling:
     """The tile (and split of K) that finishes ``g`` first on ``sms`` SMs of ``peak`` FLOP/s together, and its
     time: ``ceil(waves) x`` the time of one tile, ``2 tm tn (K / split + k_overhead)`` FLOPs at the per-SM share
     of the peak."""
     if sms <= 0 or peak <= 0:
         raise ValueError("a device needs SMs and a peak for the wave model")
-    per_sm = peak * p.matrix_efficiency / sms
+    per_sm = peak * matrix_share(p, fma) / sms
     best = None
     for tm, tn in tiles:
         base = math.ceil(g.m / tm) * math.ceil(g.n / tn) * g.batch
@@ -120,22 +127,23 @@ def memory_seconds(nbytes: float, bandwidth: float, p: Params) -> float:
 
 def op_time(flops: float, nbytes: float, *, peak: float, bandwidth: float, p: Params, kernels: float = 1,
             matrix: bool = False, gemms: Optional[Iterable[Gemm]] = None, sms: Optional[int] = None,
-            reducing: bool = False) -> OpTime:
+            reducing: bool = False, fma: bool = False) -> OpTime:
     """The time of one op (or of ``kernels`` launches of it) on a device of ``peak`` FLOP/s (its precision's) and
     ``bandwidth`` bytes/s.
 
     A matrix op with its products' shapes (``gemms``) and the device's ``sms`` takes the wave model; a matrix op
     without them, its FLOPs at ``matrix_efficiency`` of the peak; any other op, at ``vector_efficiency``. A
-    ``reducing`` op's kernels (a sum, a norm: ``REDUCING`` families) take the larger of the two floors.
+    ``reducing`` op's kernels (a sum, a norm: ``REDUCING`` families) take the larger of the two floors; an ``fma``
+    product (fp32 without TF32, on the FMA units) reaches ``fma_efficiency`` of its peak instead.
     """
     if gemms is not None and sms:
         gemms = list(gemms)
         shaped = sum(g.flops for g in gemms)
-        compute = sum(tiling(g, sms, peak, p).seconds for g in gemms)
+        compute = sum(tiling(g, sms, peak, p, fma=fma).seconds for g in gemms)
         if shaped and flops > shaped:  # FLOPs beyond the products (a bias, a softmax): at the plain rate
-            compute += (flops - shaped) / (peak * p.matrix_efficiency)
+            compute += (flops - shaped) / (peak * matrix_share(p, fma))
     elif flops > 0:
-        compute = flops / (peak * (p.matrix_efficiency if matrix else p.vector_efficiency))
+        compute = flops / (peak * (matrix_share(p, fma) if matrix else p.vector_efficiency))
     else:
         compute = 0.0
     memory = memory_seconds(nbytes, bandwidth, p)

@@ -18,12 +18,13 @@ from .core import Params
 from .oncalls import modelled, predict_calls
 
 FITTED = ("matrix_efficiency", "k_overhead", "bandwidth_efficiency", "bandwidth_half_bytes", "kernel_floor_s",
-          "reduction_floor_s")
+          "reduction_floor_s", "fma_efficiency")
 START = Params(matrix_efficiency=0.7, k_overhead=64, bandwidth_efficiency=0.8, bandwidth_half_bytes=2e6,
-               kernel_floor_s=3e-6, host_launch_s=5e-6, vector_efficiency=0.5, reduction_floor_s=8e-6)
-LOW = (0.1, 0.0, 0.1, 0.0, 0.5e-6, 0.5e-6)
-HIGH = (1.0, 4096.0, 1.0, 3e7, 20e-6, 40e-6)
-SCALE = np.array([1.0, 100.0, 1.0, 1e6, 1e-6, 1e-6])
+               kernel_floor_s=3e-6, host_launch_s=5e-6, vector_efficiency=0.5, reduction_floor_s=8e-6,
+               fma_efficiency=0.6)
+LOW = (0.1, 0.0, 0.1, 0.0, 0.5e-6, 0.5e-6, 0.1)
+HIGH = (1.0, 4096.0, 1.0, 3e7, 20e-6, 40e-6, 1.0)
+SCALE = np.array([1.0, 100.0, 1.0, 1e6, 1e-6, 1e-6, 1.0])
 
 
 def usable(calls: pd.DataFrame) -> pd.DataFrame:

@@ -46,7 +46,7 @@ def predict_calls(calls: pd.DataFrame, spec, p: Params) -> pd.DataFrame:
         flops, nbytes, kernels = float(fl[i]), float(nb[i]), max(int(kn[i]), 1)
         t: OpTime = op_time(flops, nbytes, peak=peak, bandwidth=bw, p=p, kernels=kernels, matrix=fam in MATRIX,
                             gemms=gm[i] if fam in MATRIX else None, sms=spec.sms,
-                            reducing=fam in REDUCING)
+                            reducing=fam in REDUCING, fma=prec == "fp32")
         cols["t_compute"][i], cols["t_memory"][i], cols["t_floor"][i] = t.compute, t.memory, t.floor
         cols["predicted_s"][i] = t.seconds
         cols["roofline_s"][i] = max(flops / peak, nbytes / bw)
