@@ -13,11 +13,13 @@ MATRIX = frozenset({"matmul", "conv", "attention"})
 
 
 def modelled(calls: pd.DataFrame) -> np.ndarray:
-    """Calls the model prices: FLOPs or bytes known and not both zero, not a host <-> device copy."""
+    """Calls the model prices: FLOPs or bytes known and not both zero, kernels of its own (an op whose work ran in
+    another's kernel, a fused optimizer's, took no GPU time of its own), not a host <-> device copy."""
     f = calls["flops"].to_numpy(np.float64)
     b = calls["bytes"].to_numpy(np.float64)
     known = ~np.isnan(f) & ~np.isnan(b)
-    return known & ((np.nan_to_num(f) > 0) | (np.nan_to_num(b) > 0)) & ~calls["host_copy"].to_numpy(bool)
+    return known & ((np.nan_to_num(f) > 0) | (np.nan_to_num(b) > 0)) & ~calls["host_copy"].to_numpy(bool) \
+        & (calls["kernels"].to_numpy() > 0)
 
 
 def predict_calls(calls: pd.DataFrame, spec, p: Params) -> pd.DataFrame:

@@ -31,7 +31,7 @@ class Versus:
 
     def summary(self) -> dict:
         p = self.priced
-        measured = float(p["gpu_s"].sum())
+        measured = float(p["priced_s"].sum())
         predicted = float(p["predicted_s"].sum())
         return {"device": self.spec.name, "gpu_seconds": float(self.ops["gpu_s"].sum()),
                 "predicted_gpu_seconds": predicted, "measured_priced_seconds": measured,
