@@ -115,7 +115,8 @@ def report(rows) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--fixtures", default=os.path.join(os.path.dirname(HERE), "..", "shared", "fixtures"))
+    ap.add_argument("--fixtures", default=os.path.join(os.path.dirname(HERE), "tests", "fixtures"),
+                    help="the folder holding kineto/ and nsys/ (default: the copies in tests/fixtures)")
     ap.add_argument("--fit", action="store_true", help="fit the parameters again and write time_model.json")
     ap.add_argument("--json", default=None, help="write the figures as JSON here too")
     args = ap.parse_args(argv)

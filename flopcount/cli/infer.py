@@ -39,6 +39,9 @@ def add(sub) -> None:
     p.add_argument("--logits", choices=("last", "all"), default="last",
                    help="positions whose logits the prefill computes: last (as generate does) or all")
     p.add_argument("--runs", type=positive_int, default=3, help="--device cpu: timed generations (after one warm-up)")
+    p.add_argument("--mode", choices=("eager", "compiled", "graph"), default="eager",
+                   help="--device-spec: host launches of the predicted time (eager: one per kernel; compiled: "
+                        "fused elementwise kernels; graph: one CUDA graph launch per step)")
     p.add_argument("--by", choices=("phase", "step", "family", "op", "module"), default="phase",
                    help="table: per phase (default), per forward, or per op family, op or module and phase")
     p.add_argument("--depth", type=natural_int, default=None, help="--by module: only modules down to this depth")
@@ -58,11 +61,19 @@ def run(args) -> int:
                        measured_tokens_per_s=args.measured_tokens_per_s, measured_ttft=args.measured_ttft,
                        runs=args.runs, logits=args.logits, progress=bar)
     gen = result.generation
+    timed = None
+    if args.device_spec and result.prediction is not None:  # the time model beside the roofline
+        from ..timemodel.generation import generation_doc, predict_generation
+
+        spec = get_device(args.device_spec)
+        timed = generation_doc(gen, predict_generation(gen, spec, mode=args.mode), result.prediction)
     if gen.report.uncounted:
         warn("ops without a formula (their FLOPs are NOT in the totals): "
              + ", ".join(f"{op} x{n}" for op, n in gen.report.uncounted.items()))
     if args.format == "json":
         doc = result.to_dict()
+        if timed is not None:
+            doc["prediction"] = timed
         if args.by not in ("phase", "step"):
             doc["by"] = args.by
             doc["groups"] = records(grouped(gen, args.by, args.depth).reset_index())
@@ -72,7 +83,36 @@ def run(args) -> int:
         print_frame(_frame(gen, args.by, args.depth), "csv")
         return EXIT_OK
     print(infer_table(result, args.by, depth=args.depth, top=args.top))
+    if timed is not None:
+        print(predicted_table(timed))
     return EXIT_OK
+
+
+def get_device(name):
+    from ..datasheet import get_device as lookup
+
+    return lookup(name)
+
+
+def predicted_table(doc, width=None, color=None) -> str:
+    """The time model's phases beside the roofline's: predicted time, per token, tokens/s, what bounds it."""
+    import pandas as pd
+
+    from . import render as R
+
+    f = pd.DataFrame(list(doc["phases"].values()))
+    title = [f"predicted on {doc['device']} ({doc['mode']}): time to first token {R.seconds(doc['ttft'])}, "
+             f"per output token {R.seconds(doc['seconds_per_output_token'])}, "
+             f"{R.si(doc['tokens_per_second'])} tokens/s" if doc["ttft"] is not None else
+             f"predicted on {doc['device']} ({doc['mode']})"]
+    cols = [R.Col("phase"), R.Col("seconds", R.SECONDS, "predicted"), R.Col("roofline_seconds", R.SECONDS, "roofline"),
+            R.Col("seconds_per_token", R.SECONDS, "per token", drop=3),
+            R.Col("tokens_per_second", R.RATE, "tokens/s"), R.Col("gpu_seconds", R.SECONDS, "GPU", drop=2),
+            R.Col("host_seconds", R.SECONDS, "host launches", drop=1), R.Col("bound", R.TEXT)]
+    notes = ["predicted: the fitted time model (per op the largest of compute at the achievable share of peak, bytes "
+             "at the achievable bandwidth, the kernel floor; the host's launches beside the GPU); roofline: the least "
+             "time", f"the model's error on real profiles: {doc['model_error']}"]
+    return R.table(f, cols, title=title, notes=notes, width=width, color=color)
 
 
 def _frame(gen, by: str, depth=None):
