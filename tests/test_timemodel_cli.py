@@ -79,6 +79,7 @@ def test_predict_command_json(capsys, tmp_path):
 HF = Path(__file__).parent / "fixtures" / "hf" / "gpt2-tiny"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HF.exists(), reason="transformers config fixtures missing")
 def test_infer_predicts_no_more_tokens_than_launches_allow(capsys):
     pytest.importorskip("transformers")
@@ -98,3 +99,18 @@ def test_infer_predicts_no_more_tokens_than_launches_allow(capsys):
     assert pred["ttft"] == pytest.approx(pred["phases"]["prefill"]["seconds"])
     assert pred["seconds_per_output_token"] == pytest.approx(dec["seconds"] / dec["forwards"])
     assert dec["bound"] == "launch (host)"
+
+
+def test_gpu_check_sets_measured_beside_predicted_on_a_trace():
+    from experiments import gpu_check
+
+    v = gpu_check._versus(str(MI250), "MI250")
+    assert v["priced_calls"] > 0 and 0 < v["idle_share"] < 1
+    # the sum's error is the summed predictions over the summed measurements, less one
+    m = v["model"]
+    assert -1 < m["sum_error"] < 10 and m["median_error"] <= m["worst_error"]
+    doc = {"device": "x", "torch": "t", "seconds": 1.0, "spec": "MI250", "versus": {"mlp": v}, "counts": {},
+           "rows": [{"model": "mlp", "autocast": None, "utilization": 0.1, "seconds_per_step": 2e-3,
+                     "peak_flops": 1e12, "peak_source": "x: y", "predicted_seconds": 1e-3, "roofline_seconds": 1e-4}]}
+    text = gpu_check._markdown(doc)
+    assert "| mlp | - | 0.002 | 0.001 | -50.0% | 0.0001 |" in text and "mlp trace, per op" in text
