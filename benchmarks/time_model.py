@@ -88,6 +88,22 @@ def measure(profiles, params_doc):
     return rows
 
 
+def holdout(profiles) -> str:
+    """Leave one out: the shares and floors fitted on every NVIDIA profile but one, judged on that one."""
+    from flopcount.timemodel.fit import as_json, fit
+
+    nvidia = [p for p in profiles if p[2] is not None and p[3].vendor == "nvidia"]
+    lines = ["leave one out (fitted without the profile judged):"]
+    for name, kind, calls, spec, why in nvidia:
+        params = as_json(fit([(c, s) for n, _, c, s, _ in nvidia if n != name]))
+        r = measure([(name, kind, calls, spec, why)], {"nvidia": params})[name]
+        d, c = r["by_op"], r["by_call"]
+        lines.append(f"  {name}: sum {pct(d['model']['sum_error'])} (roofline {pct(d['roofline']['sum_error'])}), "
+                     f"median per op {ape(d['model']['median_error'])} (roofline {ape(d['roofline']['median_error'])}), "
+                     f"median per call {ape(c['model']['median_error'])}")
+    return "\n".join(lines)
+
+
 def pct(x):
     return f"{100 * x:+.1f}%" if x is not None and x == x else "-"
 
@@ -119,8 +135,12 @@ def main(argv=None) -> int:
                     help="the folder holding kineto/ and nsys/ (default: the copies in tests/fixtures)")
     ap.add_argument("--fit", action="store_true", help="fit the parameters again and write time_model.json")
     ap.add_argument("--json", default=None, help="write the figures as JSON here too")
+    ap.add_argument("--holdout", action="store_true",
+                    help="also fit on each NVIDIA profile alone and judge on the other (what the fit generalises)")
     args = ap.parse_args(argv)
     profiles = load_all(args.fixtures)
+    if args.holdout:
+        print(holdout(profiles))
     data = os.path.join(os.path.dirname(HERE), "flopcount", "data", "time_model.json")
     if args.fit:
         params = refit(profiles)

@@ -119,3 +119,25 @@ def test_device_table_gives_sms_with_a_source():
     assert h100.sms == 132 and h100.l2_bytes == 50e6 and "whitepaper" in h100.arch_source
     assert get_device("NVIDIA A100-PG509-200").name == "A100 SXM 40GB"
     assert get_device("MI250").vendor == "amd" and h100.vendor == "nvidia"
+
+
+def test_readme_parameter_table_is_the_fitted_one():
+    import os
+    import re
+
+    from flopcount.timemodel.params import document
+
+    nv, amd = document()["params"]["nvidia"], document()["params"]["amd"]
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")) as fh:
+        text = fh.read()
+    us = lambda s: f"{s * 1e6:.1f} us"  # noqa: E731
+    for line, values in (("| matrix_efficiency |", [f"{nv['matrix_efficiency']:.3f}"]),
+                         ("| fma_efficiency |", [f"{nv['fma_efficiency']:.3f}"]),
+                         ("| k_overhead |", [f"{nv['k_overhead']:.1f}"]),
+                         ("| kernel_floor_s, reduction_floor_s |",
+                          [us(nv["kernel_floor_s"]), us(nv["reduction_floor_s"]), us(amd["kernel_floor_s"]),
+                           us(amd["reduction_floor_s"])]),
+                         ("| host_launch_s |", [us(nv["host_launch_s"]), us(amd["host_launch_s"])])):
+        row = next(r for r in text.splitlines() if r.startswith(line))
+        for v in values:
+            assert re.search(re.escape(v) + r"\b", row), (v, row)
