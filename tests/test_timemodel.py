@@ -141,3 +141,23 @@ def test_readme_parameter_table_is_the_fitted_one():
         row = next(r for r in text.splitlines() if r.startswith(line))
         for v in values:
             assert re.search(re.escape(v) + r"\b", row), (v, row)
+
+
+def test_an_nsys_export_names_its_gpu(tmp_path):
+    import sqlite3
+
+    from flopcount.timemodel.device import nsys_gpus, profile_device
+
+    db = tmp_path / "gpu.sqlite"
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE TARGET_INFO_GPU (id INTEGER, name TEXT, smCount INTEGER)")
+    con.execute("INSERT INTO TARGET_INFO_GPU VALUES (0, 'NVIDIA H100 80GB HBM3', 132)")
+    con.commit()
+    con.close()
+    names, sms = nsys_gpus(str(db))
+    assert names == ["NVIDIA H100 80GB HBM3"] and sms == [132]
+    spec, notes = profile_device(names, None, sms)
+    assert spec.name == "H100 SXM" and not notes
+    half, notes = profile_device(["MI250"], None, [104])  # one die of the 208-CU module
+    assert half.sms == 104 and half.bandwidth == pytest.approx(3.2768e12 / 2) and notes
+    assert nsys_gpus(str(tmp_path / "missing.sqlite")) == ([], [])

@@ -114,3 +114,20 @@ def test_gpu_check_sets_measured_beside_predicted_on_a_trace():
                      "peak_flops": 1e12, "peak_source": "x: y", "predicted_seconds": 1e-3, "roofline_seconds": 1e-4}]}
     text = gpu_check._markdown(doc)
     assert "| mlp | - | 0.002 | 0.001 | -50.0% | 0.0001 |" in text and "mlp trace, per op" in text
+
+
+def test_nsys_predict_on_a_generated_export(capsys, tmp_path):
+    from helpers import ranged_model
+    from nvtx_profile_gen import generate
+
+    model, x = ranged_model()
+    path = generate(model, x, str(tmp_path / "step.sqlite"))
+    code, out, _ = run_cli(capsys, "nsys", path, "--predict", "--device-spec", "H100 SXM", "--format", "json")
+    assert code == 0
+    doc = json.loads(out)
+    priced = [r for r in doc["per_op"] if r["predicted_s"] is not None]
+    assert {"aten.convolution", "aten.addmm"} <= {r["op"] for r in priced}
+    assert doc["predicted_gpu_seconds"] == pytest.approx(sum(r["predicted_s"] for r in priced))
+    floor = document()["params"]["nvidia"]["kernel_floor_s"]
+    for r in priced:  # a batch of 2 small images: every kernel at least the floor, none far above it
+        assert r["kernels"] * floor * (1 - 1e-5) <= r["predicted_s"] < r["kernels"] * 10 * floor

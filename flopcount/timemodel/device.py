@@ -27,6 +27,27 @@ def trace_sms(path: str) -> List[int]:
     return [int(x) for x in _SMS.findall(head)]
 
 
+def nsys_gpus(path: str) -> Tuple[List[str], List[int]]:
+    """(GPU names, SM counts) of an Nsight export's ``TARGET_INFO_GPU`` table; empty where it has none (a cut
+    window may not)."""
+    import sqlite3
+
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            cur = con.execute("SELECT * FROM TARGET_INFO_GPU")
+            cols = [d[0] for d in cur.description]
+            rows = cur.fetchall()
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return [], []
+    name = cols.index("name") if "name" in cols else None
+    sms = cols.index("smCount") if "smCount" in cols else None
+    return ([str(r[name]) for r in rows if name is not None and r[name]],
+            [int(r[sms]) for r in rows if sms is not None and isinstance(r[sms], int)])
+
+
 def profile_device(devices, device_spec: Optional[str], sms: Optional[List[int]] = None) -> Tuple[object, list]:
     """(the spec to predict on, notes). ``device_spec`` wins; else the profile's own device name, looked up."""
     notes = []

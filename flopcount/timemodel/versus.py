@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from .calls import profile_calls
-from .device import profile_device, trace_sms
+from .device import nsys_gpus, profile_device, trace_sms
 from .oncalls import predict_calls
 from .params import fit_summary, params_for
 
@@ -49,7 +49,12 @@ def compare(path: str, kind: str = "trace", device_spec: Optional[str] = None, a
 
     if profile is None:
         profile = kineto_trace.load(path) if kind == "trace" else nsys_export.load(path)
-    spec, notes = profile_device(profile.devices, device_spec, trace_sms(path) if kind == "trace" else None)
+    if kind == "trace":
+        names, sms = profile.devices, trace_sms(path)
+    else:
+        names, sms = nsys_gpus(path)
+        names = names or profile.devices
+    spec, notes = profile_device(names, device_spec, sms)
     a = analysis if analysis is not None else analyze(profile)
     calls = predict_calls(profile_calls(profile, a), spec, params_for(spec))
     ops = per_op(a.ops, calls)
