@@ -99,7 +99,8 @@ def holdout(profiles) -> str:
         r = measure([(name, kind, calls, spec, why)], {"nvidia": params})[name]
         d, c = r["by_op"], r["by_call"]
         lines.append(f"  {name}: sum {pct(d['model']['sum_error'])} (roofline {pct(d['roofline']['sum_error'])}), "
-                     f"median per op {ape(d['model']['median_error'])} (roofline {ape(d['roofline']['median_error'])}), "
+                     f"median per op {ape(d['model']['median_error'])} "
+                     f"(roofline {ape(d['roofline']['median_error'])}), "
                      f"median per call {ape(c['model']['median_error'])}")
     return "\n".join(lines)
 
@@ -121,7 +122,8 @@ def report(rows) -> str:
             continue
         for label, d, c in [(f"{name} ({r['device']})", r["by_op"], r["by_call"])] + [
                 (f"  {fam}", d, r["by_call"]["families"][fam]) for fam, d in r["by_op"]["families"].items()]:
-            lines.append(f"{label[:36]:<36} {d['rows']:>5} {d['measured_s'] * 1e3:8.2f}ms {pct(d['model']['sum_error']):>9} "
+            lines.append(f"{label[:36]:<36} {d['rows']:>5} {d['measured_s'] * 1e3:8.2f}ms "
+                         f"{pct(d['model']['sum_error']):>9} "
                          f"{pct(d['roofline']['sum_error']):>9} {ape(d['model']['median_error']):>10} "
                          f"{ape(d['roofline']['median_error']):>9} {ape(d['model']['worst_error']):>12} "
                          f"{ape(d['roofline']['worst_error']):>11} {ape(c['model']['median_error']):>15} "

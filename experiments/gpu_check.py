@@ -1,9 +1,9 @@
 """A GPU check in one command (under 5 minutes): time resnet50, mobilenet_v2 and a small GPT-2-like transformer
 training step (fp32, and bf16 under autocast) with CUDA events, give utilization against the datasheet row of the
 GPU found, record a torch.profiler trace (and, with ``nsys`` on PATH, an Nsight export) of one step, analyse them,
-and put the dispatch, trace and NVTX counts side by side in one JSON and a short markdown summary; beside each timed step, the time model's prediction for the GPU found
-(``flopcount predict``), and on each recorded trace, measured against predicted per op (``trace --predict``): the
-first GPU this project gets checks the time model.
+and put the dispatch, trace and NVTX counts side by side in one JSON and a short markdown summary; beside each timed
+step, the time model's prediction for the GPU found (``flopcount predict``), and on each recorded trace, measured
+against predicted per op (``trace --predict``): the first GPU this project gets checks the time model.
 
 Usage: ``python -m experiments.gpu_check [--out data/results/gpu]``. Without a CUDA GPU it stops with one line.
 ``--device cpu --quick`` runs the same pipeline on the CPU with small batches: what the tests run, so that the
@@ -129,7 +129,8 @@ def _markdown(doc) -> str:
             lines.append(f"| {r['model']} | {r['autocast'] or '-'} | {r['utilization']:.3f} | "
                          f"{r['seconds_per_step']:.4g} | {r['peak_flops']:.3g} ({r['peak_source'].split(':')[0]}) |")
     lines += ["", f"Time model on {doc.get('spec')}: predicted step beside measured (eager launches).", "",
-              "| model | autocast | measured s/step | predicted | error | roofline |", "| --- | --- | --- | --- | --- | --- |"]
+              "| model | autocast | measured s/step | predicted | error | roofline |",
+              "| --- | --- | --- | --- | --- | --- |"]
     for r in doc["rows"]:
         if r.get("predicted_seconds") and r.get("seconds_per_step"):
             err = r["predicted_seconds"] / r["seconds_per_step"] - 1
@@ -137,9 +138,10 @@ def _markdown(doc) -> str:
                          f"{r['predicted_seconds']:.4g} | {100 * err:+.1f}% | {r['roofline_seconds']:.4g} |")
     for model, v in doc.get("versus", {}).items():
         if v.get("model"):
-            lines.append(f"\n{model} trace, per op: sum {100 * v['model']['sum_error']:+.1f}% (roofline "
-                         f"{100 * v['roofline']['sum_error']:+.1f}%), median {100 * v['model']['median_error']:.1f}% "
-                         f"(roofline {100 * v['roofline']['median_error']:.1f}%), GPU idle {100 * v['idle_share']:.1f}%")
+            m, r = v["model"], v["roofline"]
+            lines.append(f"\n{model} trace, per op: sum {100 * m['sum_error']:+.1f}% (roofline "
+                         f"{100 * r['sum_error']:+.1f}%), median {100 * m['median_error']:.1f}% (roofline "
+                         f"{100 * r['median_error']:.1f}%), GPU idle {100 * v['idle_share']:.1f}%")
     lines += ["", "| model | phase | dispatch | trace | nvtx |", "| --- | --- | --- | --- | --- |"]
     for model, row in doc.get("counts", {}).items():
         if "error" in row:

@@ -63,10 +63,12 @@ def run(args) -> int:
     gen = result.generation
     timed = None
     if args.device_spec and result.prediction is not None:  # the time model beside the roofline
+        from ..datasheet import get_device
         from ..timemodel.generation import generation_doc, predict_generation
 
         spec = get_device(args.device_spec)
-        timed = generation_doc(gen, predict_generation(gen, spec, mode=args.mode), result.prediction)
+        if spec.sms:  # a GPU of the table: the model's parameters are fitted on GPUs
+            timed = generation_doc(gen, predict_generation(gen, spec, mode=args.mode), result.prediction)
     if gen.report.uncounted:
         warn("ops without a formula (their FLOPs are NOT in the totals): "
              + ", ".join(f"{op} x{n}" for op, n in gen.report.uncounted.items()))
@@ -84,35 +86,11 @@ def run(args) -> int:
         return EXIT_OK
     print(infer_table(result, args.by, depth=args.depth, top=args.top))
     if timed is not None:
-        print(predicted_table(timed))
+        from .predict import generation_table
+
+        print(generation_table(timed))
     return EXIT_OK
 
-
-def get_device(name):
-    from ..datasheet import get_device as lookup
-
-    return lookup(name)
-
-
-def predicted_table(doc, width=None, color=None) -> str:
-    """The time model's phases beside the roofline's: predicted time, per token, tokens/s, what bounds it."""
-    import pandas as pd
-
-    from . import render as R
-
-    f = pd.DataFrame(list(doc["phases"].values()))
-    title = [f"predicted on {doc['device']} ({doc['mode']}): time to first token {R.seconds(doc['ttft'])}, "
-             f"per output token {R.seconds(doc['seconds_per_output_token'])}, "
-             f"{R.si(doc['tokens_per_second'])} tokens/s" if doc["ttft"] is not None else
-             f"predicted on {doc['device']} ({doc['mode']})"]
-    cols = [R.Col("phase"), R.Col("seconds", R.SECONDS, "predicted"), R.Col("roofline_seconds", R.SECONDS, "roofline"),
-            R.Col("seconds_per_token", R.SECONDS, "per token", drop=3),
-            R.Col("tokens_per_second", R.RATE, "tokens/s"), R.Col("gpu_seconds", R.SECONDS, "GPU", drop=2),
-            R.Col("host_seconds", R.SECONDS, "host launches", drop=1), R.Col("bound", R.TEXT)]
-    notes = ["predicted: the fitted time model (per op the largest of compute at the achievable share of peak, bytes "
-             "at the achievable bandwidth, the kernel floor; the host's launches beside the GPU); roofline: the least "
-             "time", f"the model's error on real profiles: {doc['model_error']}"]
-    return R.table(f, cols, title=title, notes=notes, width=width, color=color)
 
 
 def _frame(gen, by: str, depth=None):

@@ -140,3 +140,25 @@ def versus_table(v, profile: str, top=None, width=None, color=None) -> str:
              f"the model's error on the shared profiles: {s['model']}"]
     notes += [f"note: {n}" for n in v.notes]
     return R.table(f, cols, title=title, notes=notes, width=width, color=color)
+
+
+def generation_table(doc, width=None, color=None) -> str:
+    """``infer``'s prediction: the time model's phases beside the roofline's: predicted time, per token, tokens/s,
+    what bounds it."""
+    import pandas as pd
+
+    from . import render as R
+
+    f = pd.DataFrame(list(doc["phases"].values()))
+    title = [f"predicted on {doc['device']} ({doc['mode']}): time to first token {R.seconds(doc['ttft'])}, "
+             f"per output token {R.seconds(doc['seconds_per_output_token'])}, "
+             f"{R.si(doc['tokens_per_second'])} tokens/s" if doc["ttft"] is not None else
+             f"predicted on {doc['device']} ({doc['mode']})"]
+    cols = [R.Col("phase"), R.Col("seconds", R.SECONDS, "predicted"), R.Col("roofline_seconds", R.SECONDS, "roofline"),
+            R.Col("seconds_per_token", R.SECONDS, "per token", drop=3),
+            R.Col("tokens_per_second", R.RATE, "tokens/s"), R.Col("gpu_seconds", R.SECONDS, "GPU", drop=2),
+            R.Col("host_seconds", R.SECONDS, "host launches", drop=1), R.Col("bound", R.TEXT)]
+    notes = ["predicted: the fitted time model (per op the largest of compute at the achievable share of peak, bytes "
+             "at the achievable bandwidth, the kernel floor; the host's launches beside the GPU); roofline: the least "
+             "time", f"the model's error on real profiles: {doc['model_error']}"]
+    return R.table(f, cols, title=title, notes=notes, width=width, color=color)
