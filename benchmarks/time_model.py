@@ -6,7 +6,7 @@ Per profile, over the op calls the model prices (FLOPs or bytes known, kernels r
 sum's error, the median and worst error per op row (op, phase: the rows of ``flopcount trace``) and per call; the
 same per op family. A profile the model cannot price (recorded without shapes, no GPU, no ranges) says why.
 
-    python benchmarks/time_model.py [--fixtures DIR] [--fit] [--json OUT]
+    python benchmarks/time_model.py [--fixtures DIR] [--only TEXT] [--fit] [--holdout] [--json OUT]
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ DEVICE = {"sampled_rank0_train.json.gz": ("A100 SXM 40GB", "its kernels are sm80
           "mi250_minitoy_train.json.gz": ("MI250", "its device properties name 'AMD Radeon Graphics', 104 CUs")}
 
 
-def load_all(root: str):
+def load_all(root: str, only: str = ""):
     """[(name, kind, calls with predictions or None, spec or None, why not)] for every profile under ``root``."""
     from flopcount.errors import FlopcountError
     from flopcount.profiles import kineto_trace, nsys_export
@@ -36,7 +36,7 @@ def load_all(root: str):
     for kind, sub, ext in (("trace", "kineto", ".json.gz"), ("nsys", "nsys", ".sqlite")):
         folder = os.path.join(root, sub)
         for name in sorted(os.listdir(folder)):
-            if not name.endswith(ext):
+            if not name.endswith(ext) or only not in name:
                 continue
             path = os.path.join(folder, name)
             try:
@@ -137,10 +137,11 @@ def main(argv=None) -> int:
                     help="the folder holding kineto/ and nsys/ (default: the copies in tests/fixtures)")
     ap.add_argument("--fit", action="store_true", help="fit the parameters again and write time_model.json")
     ap.add_argument("--json", default=None, help="write the figures as JSON here too")
+    ap.add_argument("--only", default="", metavar="TEXT", help="only the profiles whose file name holds TEXT")
     ap.add_argument("--holdout", action="store_true",
                     help="also fit on each NVIDIA profile alone and judge on the other (what the fit generalises)")
     args = ap.parse_args(argv)
-    profiles = load_all(args.fixtures)
+    profiles = load_all(args.fixtures, args.only)
     if args.holdout:
         print(holdout(profiles))
     data = os.path.join(os.path.dirname(HERE), "flopcount", "data", "time_model.json")

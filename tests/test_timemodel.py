@@ -161,3 +161,19 @@ def test_an_nsys_export_names_its_gpu(tmp_path):
     half, notes = profile_device(["MI250"], None, [104])  # one die of the 208-CU module
     assert half.sms == 104 and half.bandwidth == pytest.approx(3.2768e12 / 2) and notes
     assert nsys_gpus(str(tmp_path / "missing.sqlite")) == ([], [])
+
+
+def test_product_shapes_are_noted_during_a_count():
+    import torch
+
+    from flopcount.estimators.dispatch import count_step
+    from flopcount.timemodel.record import as_rates, shapes_noted
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    with shapes_noted() as log:
+        count_step(model, torch.randn(8, 64))
+    rates = as_rates(log)
+    # forward: x[8,64] @ W1^T and h[8,256] @ W2^T; backward: the weights' gradients (dW = dY^T @ X) and the input
+    # gradient of the second layer only (the first layer's input needs none)
+    assert rates[("aten.addmm", False)] == {Gemm(8, 256, 64): 1, Gemm(8, 10, 256): 1}
+    assert rates[("aten.mm", True)] == {Gemm(10, 256, 8): 1, Gemm(8, 256, 10): 1, Gemm(256, 64, 8): 1}

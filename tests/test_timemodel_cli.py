@@ -131,3 +131,15 @@ def test_nsys_predict_on_a_generated_export(capsys, tmp_path):
     floor = document()["params"]["nvidia"]["kernel_floor_s"]
     for r in priced:  # a batch of 2 small images: every kernel at least the floor, none far above it
         assert r["kernels"] * floor * (1 - 1e-5) <= r["predicted_s"] < r["kernels"] * 10 * floor
+
+
+def test_the_benchmark_prints_model_and_roofline_per_profile_and_family(tmp_path):
+    from helpers import run_benchmark
+
+    out = run_benchmark("time_model.py", "--only", "mi250", "--json", str(tmp_path / "r.json"))
+    doc = json.loads((tmp_path / "r.json").read_text())["mi250_minitoy_train.json.gz"]
+    by_op = doc["by_op"]
+    assert by_op["rows"] == sum(f["rows"] for f in by_op["families"].values())
+    line = next(x for x in out.splitlines() if x.startswith("mi250_minitoy_train"))
+    assert f"{100 * by_op['model']['sum_error']:+.1f}%" in line and f"{100 * by_op['roofline']['sum_error']:+.1f}%" in line
+    assert "  matmul" in out and "  pointwise" in out
