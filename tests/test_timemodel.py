@@ -177,3 +177,24 @@ def test_product_shapes_are_noted_during_a_count():
     # gradient of the second layer only (the first layer's input needs none)
     assert rates[("aten.addmm", False)] == {Gemm(8, 256, 64): 1, Gemm(8, 10, 256): 1}
     assert rates[("aten.mm", True)] == {Gemm(10, 256, 8): 1, Gemm(8, 256, 10): 1, Gemm(256, 64, 8): 1}
+
+
+def test_a_reducing_op_has_one_reducing_kernel():
+    # a loss of 14 small kernels (BCE with logits on CUDA): one of them reduces, 13 are elementwise
+    t = op_time(100, 400, peak=67e12, bandwidth=3.35e12, p=P, kernels=14, reducing=True)
+    assert t.bound == LAUNCH and t.seconds == pytest.approx(13 * 4e-6 + 8e-6)
+
+
+def test_bytes_of_a_profiled_call():
+    import json
+
+    from flopcount.timemodel.calls import call_facts
+
+    text = json.dumps([[[1024, 256], [1024, 256]], ["float", "float"], [None, None]])
+    nbytes, dtype, gemms = call_facts("aten.add", text, 1024 * 256, "kineto")
+    assert nbytes == 3 * 1024 * 256 * 4 and dtype == "float32" and gemms is None  # two read, one written
+    zeros = json.dumps([[[1024, 256]], ["c10::BFloat16"], [None]])
+    assert call_facts("aten.zeros_like", zeros, 0, "kineto")[:2] == (1024 * 256 * 2, "bfloat16")  # written only
+    mm = json.dumps([[[64, 128], [128, 32]], ["float", "float"], [None, None]])
+    nbytes, _, gemms = call_facts("aten.mm", mm, 2 * 64 * 128 * 32, "kineto")
+    assert gemms == [Gemm(64, 32, 128)] and nbytes == (64 * 128 + 128 * 32 + 64 * 32) * 4

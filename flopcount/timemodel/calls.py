@@ -4,7 +4,8 @@ time.
 
 Bytes follow the project's rule where the marker allows: each input tensor read once, the output written once;
 a marker records only inputs, so the output is taken as a product's ``m x n`` and, for any other op, as its largest
-input (elementwise ops, norms, copies), none for a reduction. Host <-> device copies cross the PCIe link, not the
+input (elementwise ops, norms, copies), none for a reduction; an op that only writes (``zeros_like``, ``fill_``)
+moves its output alone. Host <-> device copies cross the PCIe link, not the
 memory: they are marked ``host_copy`` and left out of the model.
 """
 from __future__ import annotations
@@ -22,6 +23,9 @@ from .shapes import ELEMENT_BYTES, compute_dtype, gemms, tensor_bytes
 TF32_KERNEL = re.compile(r"tf32|tensorop_s1688|tensorop_s16816|xmma_gemm_f32f32_tf32", re.I)
 HOST_COPY = re.compile(r"Memcpy (?:HtoD|DtoH|PtoP)|CopyHostToDevice|CopyDeviceToHost")
 MATRIX = frozenset({"matmul", "conv", "attention"})
+# ops that write their output and read nothing (their tensor argument gives the shape, or is overwritten)
+WRITE_ONLY = frozenset({"aten.zeros_like", "aten.ones_like", "aten.empty_like", "aten.full_like", "aten.fill_",
+                        "aten.zero_", "aten.rand_like", "aten.randn_like", "aten.normal_", "aten.uniform_"})
 
 
 def profile_calls(profile, analysis) -> pd.DataFrame:
@@ -58,7 +62,7 @@ def profile_calls(profile, analysis) -> pd.DataFrame:
         key = (op, text, f)
         got = parsed.get(key)
         if got is None:
-            got = parsed[key] = _call(op, text, f, fmt)
+            got = parsed[key] = call_facts(op, text, f, fmt)
         nbytes.append(got[0])
         dtypes.append(got[1])
         shapes.append(got[2])
@@ -72,7 +76,7 @@ def profile_calls(profile, analysis) -> pd.DataFrame:
     return out
 
 
-def _call(op, text, flops, fmt):
+def call_facts(op, text, flops, fmt):
     """(bytes, dtype, gemms) of one distinct call; NaN bytes where the marker has no sizes."""
     args = parse_args(fmt, text) if isinstance(text, str) else None
     if not args or not isinstance(args[0], list):
@@ -82,6 +86,8 @@ def _call(op, text, flops, fmt):
     each = tensor_bytes(dims, types)
     g = gemms(op, dims, flops if flops == flops else None)
     family = formulas.op_family(op)
+    if op in WRITE_ONLY:
+        return float(max(each, default=0)), dtype, None
     if g:
         out = sum(x.m * x.n * x.batch for x in g[:1]) * ELEMENT_BYTES.get(dtype, 4)
     elif family == "reduction":

@@ -133,7 +133,7 @@ def op_time(flops: float, nbytes: float, *, peak: float, bandwidth: float, p: Pa
 
     A matrix op with its products' shapes (``gemms``) and the device's ``sms`` takes the wave model; a matrix op
     without them, its FLOPs at ``matrix_efficiency`` of the peak; any other op, at ``vector_efficiency``. A
-    ``reducing`` op's kernels (a sum, a norm: ``REDUCING`` families) take the larger of the two floors; an ``fma``
+    ``reducing`` op (a sum, a norm: ``REDUCING`` families) has one kernel at the reduction floor; an ``fma``
     product (fp32 without TF32, on the FMA units) reaches ``fma_efficiency`` of its peak instead.
     """
     if gemms is not None and sms:
@@ -147,8 +147,9 @@ def op_time(flops: float, nbytes: float, *, peak: float, bandwidth: float, p: Pa
     else:
         compute = 0.0
     memory = memory_seconds(nbytes, bandwidth, p)
-    least = max(p.kernel_floor_s, p.reduction_floor_s) if reducing else p.kernel_floor_s
-    floor = least * kernels if (flops > 0 or nbytes > 0 or kernels) else 0.0
+    floor = p.kernel_floor_s * kernels if (flops > 0 or nbytes > 0 or kernels) else 0.0
+    if reducing and floor:  # one of its kernels combines across blocks; the others (a loss's pieces) are plain
+        floor += max(p.reduction_floor_s - p.kernel_floor_s, 0.0)
     return OpTime(compute, memory, floor)
 
 

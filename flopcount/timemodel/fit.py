@@ -77,14 +77,17 @@ def host_launch(calls: pd.DataFrame) -> float:
 
 def floor_only(calls: pd.DataFrame, base: Params) -> Params:
     """``base`` with the kernel floors and host launch cost of a profile too small to fit shares on (its ops all
-    far below a microsecond at the roofline): the median kernel time of its plain and reducing ops."""
+    far below a microsecond at the roofline): the median kernel time of its plain ops, and of its reducing ops
+    the median time of the one kernel that reduces."""
     from .core import REDUCING
 
     c = usable(calls)
-    per = c["measured_s"] / c["kernels"].clip(lower=1)
+    kernels = c["kernels"].clip(lower=1)
     red = c["family"].isin(REDUCING)
-    plain = float(np.median(per[~red])) if (~red).any() else base.kernel_floor_s
-    reducing = float(np.median(per[red])) if red.any() else base.reduction_floor_s
+    plain = float(np.median((c["measured_s"] / kernels)[~red])) if (~red).any() else base.kernel_floor_s
+    # a reducing op: one kernel at the reduction floor, its others at the plain one (core.op_time)
+    reducing = float(np.median((c["measured_s"] - (kernels - 1) * plain)[red])) if red.any() \
+        else base.reduction_floor_s
     return replace(base, kernel_floor_s=plain, reduction_floor_s=reducing, host_launch_s=host_launch(calls))
 
 
