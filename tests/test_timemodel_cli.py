@@ -143,3 +143,10 @@ def test_the_benchmark_prints_model_and_roofline_per_profile_and_family(tmp_path
     line = next(x for x in out.splitlines() if x.startswith("mi250_minitoy_train"))
     assert f"{100 * by_op['model']['sum_error']:+.1f}%" in line and f"{100 * by_op['roofline']['sum_error']:+.1f}%" in line
     assert "  matmul" in out and "  pointwise" in out
+
+
+def test_predict_refuses_an_unknown_device_in_one_line(capsys):
+    code, _, err = run_cli(capsys, "predict", "resnet18", "--device-spec", "Z900")
+    assert code == 2
+    one_error_line(err, "Z900")
+    assert "--peak" not in err[0]  # predict takes no bare peak: the model needs the device's SMs and bandwidth

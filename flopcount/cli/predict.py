@@ -62,6 +62,8 @@ def predict_table(pred, table, by: str, top=None, width=None, color=None) -> str
         title.append(f"  {name}: {R.seconds(ph['seconds'])} (GPU {R.seconds(ph['gpu_seconds'])}, host "
                      f"{R.seconds(ph['host_seconds'])}{', host-bound' if ph['host_bound'] else ''})")
     f = table.reset_index()
+    if by == "module":
+        f["module"] = f["module"].where(f["module"] != "", "(root)")
     if top is not None:
         f = R.top(table.reset_index("phase") if by != "phase" else table, top, "predicted_s",
                   ["flops", "bytes", "calls", "kernels", "roofline_s", "predicted_s", "share"]).reset_index()

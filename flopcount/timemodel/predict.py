@@ -21,6 +21,7 @@ from .core import MODES, REDUCING, Gemm, OpTime, Params, Step, launches, op_time
 from .params import fit_summary, params_for
 
 MATRIX = frozenset({"matmul", "conv", "attention"})
+WAY_OUT = "give a GPU from `flopcount peaks` with --device-spec NAME"
 TRAINING = ("forward", "backward")
 
 
@@ -167,12 +168,15 @@ def from_spec(model: str, device_spec, *, batch: int = 1, dtype=None, autocast=N
 
     from ..datasheet import get_device
     from ..dtypes import parse_dtype
-    from ..errors import model_errors
+    from ..errors import FlopcountError, model_errors
     from ..estimators.dispatch import count_step
     from ..models import build
     from .record import as_rates, shapes_noted
 
-    spec = get_device(device_spec) if isinstance(device_spec, str) else device_spec
+    spec = get_device(device_spec, way_out=WAY_OUT) if isinstance(device_spec, str) else device_spec
+    if not spec.sms or not spec.bandwidth:
+        raise FlopcountError(f"{spec.name} has no SM count or bandwidth in the table: the time model is fitted on "
+                             f"GPUs; {WAY_OUT}")
     kernels = as_device or spec.kernels
     model_, inputs, name = build(model, batch=batch, input_shape=input_shape, num_classes=num_classes, dtype=dtype,
                                  seq_len=seq_len)
