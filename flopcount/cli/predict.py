@@ -7,7 +7,7 @@ import sys
 
 from ..dtypes import CHOICES as DTYPES
 from .main import (EXIT_OK, add_format, add_model, add_parallel, add_top, output_file, parallel_world, print_frame,
-                   print_json, records, warn)
+                   print_json, records)
 
 MODES = ("eager", "compiled", "graph")
 

@@ -9,7 +9,7 @@ copy) and only those whose kernels ran.
 from __future__ import annotations
 
 from dataclasses import asdict, replace
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, Sequence, Tuple
 
 import numpy as np
 import pandas as pd
@@ -128,7 +128,3 @@ def _errs(rows: pd.DataFrame) -> Dict[str, float]:
 
 def as_json(p: Params) -> dict:
     return {k: float(v) for k, v in asdict(p).items()}
-
-
-def families(calls_list: List[pd.DataFrame]) -> List[str]:
-    return sorted(set().union(*[set(c["family"]) for c in calls_list])) if calls_list else []

@@ -17,7 +17,7 @@ import pandas as pd
 
 from ..peak_policy import step_peak
 from ..roofline import COLLECTIVE, analyze
-from .core import MODES, REDUCING, Gemm, OpTime, Params, Step, launches, op_time, tiling
+from .core import MODES, REDUCING, OpTime, Params, Step, launches, op_time, tiling
 from .params import fit_summary, params_for
 
 MATRIX = frozenset({"matmul", "conv", "attention"})
