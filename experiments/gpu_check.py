@@ -1,7 +1,9 @@
 """A GPU check in one command (under 5 minutes): time resnet50, mobilenet_v2 and a small GPT-2-like transformer
 training step (fp32, and bf16 under autocast) with CUDA events, give utilization against the datasheet row of the
 GPU found, record a torch.profiler trace (and, with ``nsys`` on PATH, an Nsight export) of one step, analyse them,
-and put the dispatch, trace and NVTX counts side by side in one JSON and a short markdown summary.
+and put the dispatch, trace and NVTX counts side by side in one JSON and a short markdown summary; beside each timed
+step, the time model's prediction for the GPU found (``flopcount predict``), and on each recorded trace, measured
+against predicted per op (``trace --predict``): the first GPU this project gets checks the time model.
 
 Usage: ``python -m experiments.gpu_check [--out data/results/gpu]``. Without a CUDA GPU it stops with one line.
 ``--device cpu --quick`` runs the same pipeline on the CPU with small batches: what the tests run, so that the
@@ -66,14 +68,46 @@ def _time(model_name, batch, device, autocast, steps):
             "utilization": u.utilization, "peak_flops": u.peak_flops, "peak_source": u.peak_source}
 
 
-def _profiles(model_name, batch, device, out):
+def _predicted(model_name, batch, autocast, spec_name):
+    """The time model's step time for ``model_name`` on ``spec_name`` (eager launches), beside the roofline."""
+    from flopcount.timemodel.predict import from_spec
+
+    kwargs = {"batch": batch, "autocast": autocast}
+    if model_name == "gpt2-small":
+        return {}
+    p = from_spec(model_name, spec_name, as_device="cuda", **kwargs)
+    return {"predicted_seconds": p.seconds, "predicted_gpu_seconds": p.step.gpu_seconds,
+            "predicted_host_bound": p.step.host_bound, "roofline_seconds": p.roofline_seconds}
+
+
+def _versus(trace_path, spec_name) -> dict:
+    """Measured against predicted over the priced ops of one recorded trace: the sum's error and the median and
+    worst error per op row, the bare roofline's beside them."""
+    from flopcount.timemodel.fit import summarize
+    from flopcount.timemodel.versus import compare
+
+    v = compare(trace_path, kind="trace", device_spec=spec_name)
+    priced = v.calls[v.calls["predicted_s"].notna() & (v.calls["measured_s"] > 0)]
+    if not len(priced):
+        return {"priced_calls": 0, "idle_share": v.idle_share}
+    s = summarize(priced, "op")
+    return {"priced_calls": int(len(priced)), "idle_share": v.idle_share, "model": s["model"],
+            "roofline": s["roofline"], "measured_s": s["measured_s"]}
+
+
+def _profiles(model_name, batch, device, out, spec_name=None, versus=None):
     """Dispatch, trace and (with nsys on a GPU) NVTX counts of one recorded step of ``model_name``."""
     import flopcount
     from flopcount.profiles import analyze_trace
     from flopcount.capture import capture, capture_kineto, training_step
 
-    trace = analyze_trace(capture_kineto(model_name, batch, out=os.path.join(out, f"{model_name}-trace"),
-                                          device=device))
+    path = capture_kineto(model_name, batch, out=os.path.join(out, f"{model_name}-trace"), device=device)
+    trace = analyze_trace(path)
+    if versus is not None and spec_name:
+        try:
+            versus[model_name] = _versus(path, spec_name)
+        except Exception as exc:  # the counts still go in
+            versus[model_name] = {"error": _one_line(exc)}
     nvtx = None
     if device == "cuda" and shutil.which("nsys"):
         from flopcount.profiles import analyze
@@ -94,6 +128,20 @@ def _markdown(doc) -> str:
         else:
             lines.append(f"| {r['model']} | {r['autocast'] or '-'} | {r['utilization']:.3f} | "
                          f"{r['seconds_per_step']:.4g} | {r['peak_flops']:.3g} ({r['peak_source'].split(':')[0]}) |")
+    lines += ["", f"Time model on {doc.get('spec')}: predicted step beside measured (eager launches).", "",
+              "| model | autocast | measured s/step | predicted | error | roofline |",
+              "| --- | --- | --- | --- | --- | --- |"]
+    for r in doc["rows"]:
+        if r.get("predicted_seconds") and r.get("seconds_per_step"):
+            err = r["predicted_seconds"] / r["seconds_per_step"] - 1
+            lines.append(f"| {r['model']} | {r['autocast'] or '-'} | {r['seconds_per_step']:.4g} | "
+                         f"{r['predicted_seconds']:.4g} | {100 * err:+.1f}% | {r['roofline_seconds']:.4g} |")
+    for model, v in doc.get("versus", {}).items():
+        if v.get("model"):
+            m, r = v["model"], v["roofline"]
+            lines.append(f"\n{model} trace, per op: sum {100 * m['sum_error']:+.1f}% (roofline "
+                         f"{100 * r['sum_error']:+.1f}%), median {100 * m['median_error']:.1f}% (roofline "
+                         f"{100 * r['median_error']:.1f}%), GPU idle {100 * v['idle_share']:.1f}%")
     lines += ["", "| model | phase | dispatch | trace | nvtx |", "| --- | --- | --- | --- | --- |"]
     for model, row in doc.get("counts", {}).items():
         if "error" in row:
@@ -115,6 +163,8 @@ def main(argv=None) -> int:
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: the same pipeline on the CPU (a dry run for the tests)")
     p.add_argument("--quick", action="store_true", help="small batches and few steps")
+    p.add_argument("--device-spec", default=None, metavar="NAME",
+                   help="the time model's device (default: the GPU found; on the CPU dry run, H100 SXM)")
     a = p.parse_args(argv)
     import torch
 
@@ -123,7 +173,8 @@ def main(argv=None) -> int:
         return 2
     os.makedirs(a.out, exist_ok=True)
     name = torch.cuda.get_device_name() if a.device == "cuda" else "cpu"
-    doc = {"device": name, "torch": torch.__version__, "rows": [], "counts": {}}
+    spec_name = a.device_spec or (name if a.device == "cuda" else "H100 SXM")
+    doc = {"device": name, "torch": torch.__version__, "rows": [], "counts": {}, "spec": spec_name, "versus": {}}
     steps = 2 if a.quick else 10
     t0 = time.time()
     for model_name, batch in MODELS:
@@ -134,10 +185,14 @@ def main(argv=None) -> int:
                 row.update(_time(model_name, batch, a.device, autocast, steps))
             except Exception as exc:  # one row failing must not lose the others
                 row["error"] = _one_line(exc)
+            try:
+                row.update(_predicted(model_name, batch, autocast, spec_name))
+            except Exception as exc:
+                row["prediction_error"] = _one_line(exc)
             doc["rows"].append(row)
         if model_name != "gpt2-small":  # a model spec: the capture builds it
             try:
-                doc["counts"][model_name] = _profiles(model_name, batch, a.device, a.out)
+                doc["counts"][model_name] = _profiles(model_name, batch, a.device, a.out, spec_name, doc["versus"])
             except Exception as exc:
                 doc["counts"][model_name] = {"error": _one_line(exc)}
     doc["seconds"] = time.time() - t0

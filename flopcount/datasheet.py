@@ -51,8 +51,23 @@ def _load_table() -> Dict[str, DeviceSpec]:
                                             nvlink=_float(row.get("nvlink")), network=_float(row.get("network")),
                                             gpus_per_node=int(gpus) if gpus else None,
                                             link_source=row.get("link_source") or "")
+        _add_arch(table)
         _TABLE = table
     return _TABLE
+
+
+def _add_arch(table: Dict[str, DeviceSpec]) -> None:
+    """SMs, L2 and clock from ``data/device_arch.csv`` (the time model's), joined by the device's table name."""
+    import dataclasses
+
+    text = resources.files("flopcount").joinpath("data", "device_arch.csv").read_text(encoding="utf-8")
+    for row in csv.DictReader(text.splitlines()):
+        spec = table.get(row["name"])
+        if spec is not None:
+            sms = _float(row.get("sms"))
+            table[row["name"]] = dataclasses.replace(
+                spec, sms=int(sms) if sms else None, l2_bytes=_float(row.get("l2_bytes")),
+                boost_clock_hz=_float(row.get("boost_clock_hz")), arch_source=row.get("arch_source") or "")
 
 
 def get_device(name: str, way_out: str = WAY_OUT) -> DeviceSpec:

@@ -30,6 +30,17 @@ class DeviceSpec:
     network: Optional[float] = None
     gpus_per_node: Optional[int] = None
     link_source: str = ""
+    # what the time model needs beside the peaks (``data/device_arch.csv``, each row with its source): streaming
+    # multiprocessors (compute units on AMD), L2 cache in bytes, boost clock in Hz; None where the table has none
+    sms: Optional[int] = None
+    l2_bytes: Optional[float] = None
+    boost_clock_hz: Optional[float] = None
+    arch_source: str = ""
+
+    @property
+    def vendor(self) -> str:
+        """``amd`` for an AMD Instinct device, else ``nvidia`` (the time model's parameters are per vendor)."""
+        return "amd" if self.name.upper().startswith("MI") or "AMD" in self.source.upper() else "nvidia"
 
     def peak(self, precision: str) -> float:
         """The dense peak FLOP/s at ``precision``; UnknownPeak where the device has none for it."""
@@ -55,4 +66,5 @@ class DeviceSpec:
         return {"name": self.name, "peaks": dict(self.peaks), "bandwidth": self.bandwidth, "source": self.source,
                 "aliases": list(self.aliases), "note": self.note, "measured": self.measured, "kernels": self.kernels,
                 "nvlink": self.nvlink, "network": self.network, "gpus_per_node": self.gpus_per_node,
-                "link_source": self.link_source}
+                "link_source": self.link_source, "sms": self.sms, "l2_bytes": self.l2_bytes,
+                "boost_clock_hz": self.boost_clock_hz, "arch_source": self.arch_source}

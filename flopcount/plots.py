@@ -291,3 +291,33 @@ def compare_totals(table, path, title: str = ""):
     ax.set_title(title or "FLOPs by estimator")
     ax.legend()
     return _save(fig, path, plt, dpi=120)
+
+
+# --- measured against predicted (the time model: trace|nsys FILE --predict --plot) ---------------------------------
+BOUND_COLOURS = {"compute": "tab:red", "memory": "tab:blue", "launch": "tab:green"}
+
+
+def plot_versus(v, path: str) -> str:
+    """Measured against predicted GPU time per op of a ``timemodel.versus.Versus``, log-log, coloured by the bound
+    that sets each op's prediction; the diagonal is a perfect prediction, the dotted lines +-25%."""
+    plt = _pyplot()
+    ops = v.ops[(v.ops["predicted_s"] > 0) & (v.ops["priced_s"] > 0)]
+    fig, ax = plt.subplots(figsize=(7, 6))
+    for bound, g in ops.groupby("bound"):
+        ax.scatter(g["predicted_s"] * 1e6, g["priced_s"] * 1e6, s=30, alpha=0.7, label=bound,
+                   color=BOUND_COLOURS.get(bound, "grey"), edgecolors="none")
+    if len(ops):
+        lo = min(ops["predicted_s"].min(), ops["priced_s"].min()) * 1e6 / 2
+        hi = max(ops["predicted_s"].max(), ops["priced_s"].max()) * 1e6 * 2
+        ax.plot([lo, hi], [lo, hi], color="black", lw=0.8, label="measured = predicted")
+        for f in (1.25, 1 / 1.25):
+            ax.plot([lo, hi], [lo * f, hi * f], color="grey", lw=0.5, ls=":")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("predicted GPU time per op (us, its calls summed)")
+    ax.set_ylabel("measured GPU time per op (us)")
+    err = v.summary()["sum_error"]
+    ax.set_title(f"{v.spec.name}: step sum {'-' if err is None else f'{100 * err:+.1f}%'} (dotted: +-25%)",
+                 fontsize=10)
+    ax.legend(fontsize=8)
+    return _save(fig, path, plt)

@@ -26,7 +26,7 @@ def test_every_command_takes_no_progress(command):
     parser = build_parser()
     needs = {"count": ["resnet18"], "compare": ["resnet18"], "utilization": ["resnet18"], "roofline": ["resnet18"],
              "overhead": ["resnet18"], "nsys": ["x.sqlite"], "trace": ["x.json"], "capture": ["x.py"],
-             "peaks": [], "study": [], "infer": ["resnet18"]}
+             "peaks": [], "study": [], "infer": ["resnet18"], "predict": ["resnet18", "--device-spec", "H100 SXM"]}
     args = parser.parse_args([command] + needs.get(command, []) + ["--no-progress"])
     assert args.no_progress is True
 

@@ -46,6 +46,9 @@ def add(sub) -> None:
     p.add_argument("--logits", choices=("last", "all"), default="last",
                    help="positions whose logits the prefill computes: last (as generate does) or all")
     p.add_argument("--runs", type=positive_int, default=3, help="--device cpu: timed generations (after one warm-up)")
+    p.add_argument("--mode", choices=("eager", "compiled", "graph"), default="eager",
+                   help="--device-spec: host launches of the predicted time (eager: one per kernel; compiled: "
+                        "fused elementwise kernels; graph: one CUDA graph launch per step)")
     p.add_argument("--by", choices=("phase", "step", "family", "op", "module"), default="phase",
                    help="table: per phase (default), per forward, or per op family, op or module and phase")
     p.add_argument("--depth", type=natural_int, default=None, help="--by module: only modules down to this depth")
@@ -67,11 +70,21 @@ def run(args) -> int:
                        measured_tokens_per_s=args.measured_tokens_per_s, measured_ttft=args.measured_ttft,
                        runs=args.runs, logits=args.logits, progress=bar)
     gen = result.generation
+    timed = None
+    if args.device_spec and result.prediction is not None:  # the time model beside the roofline
+        from ..datasheet import get_device
+        from ..timemodel.generation import generation_doc, predict_generation
+
+        spec = get_device(args.device_spec)
+        if spec.sms:  # a GPU of the table: the model's parameters are fitted on GPUs
+            timed = generation_doc(gen, predict_generation(gen, spec, mode=args.mode), result.prediction)
     if gen.report.uncounted:
         warn("ops without a formula (their FLOPs are NOT in the totals): "
              + ", ".join(f"{op} x{n}" for op, n in gen.report.uncounted.items()))
     if args.format == "json":
         doc = result.to_dict()
+        if timed is not None:
+            doc["prediction"] = timed
         if args.by not in ("phase", "step"):
             doc["by"] = args.by
             doc["groups"] = records(grouped(gen, args.by, args.depth).reset_index())
@@ -81,6 +94,10 @@ def run(args) -> int:
         print_frame(_frame(gen, args.by, args.depth), "csv")
         return EXIT_OK
     print(infer_table(result, args.by, depth=args.depth, top=args.top, show_all=args.show_all))
+    if timed is not None:
+        from .predict import generation_table
+
+        print(generation_table(timed))
     if result.prediction is None:
         print(NO_DEVICE)
     return EXIT_OK

@@ -306,7 +306,9 @@ def analyze(prof: Profile, naive: bool = False) -> Analysis:
     report = None
     if has_shapes:
         report = _report(packets, name_codes, phase, is_op, flops, status, naive_flops, naive, prof, notes, inductor)
-    op_ranges = pd.DataFrame({"start": start[is_op], "end": end[is_op], "tid": r["tid"].to_numpy(np.int64)[is_op],
+    # ``row``: the op's row in the profile's ranges (its marker's sizes; the ``owner`` of its kernels)
+    op_ranges = pd.DataFrame({"row": np.flatnonzero(is_op), "start": start[is_op], "end": end[is_op],
+                              "tid": r["tid"].to_numpy(np.int64)[is_op],
                               "op": packets[name_codes[is_op]], "phase": PHASES[phase[is_op]],
                               "flops": np.maximum(flops[is_op], 0), "status": STATUS[status[is_op]]})
     return Analysis(ops=ops, report=report, has_shapes=has_shapes, kernels=len(k), kernels_unlaunched=unl,
