@@ -4,6 +4,7 @@ recorded step; with ``--by step|phase|module``, of the steps, phases and modules
 ``flopcount capture``."""
 from __future__ import annotations
 
+from . import job
 from .main import (EXIT_OK, UsageError, add_format, add_model, add_top, positive_int, print_frame, print_json,
                    records, warn)
 
@@ -25,6 +26,7 @@ def add(sub) -> None:
                         "like a module path)")
     add_top(p)
     add_format(p)
+    job.add_options(p)
 
     p = sub.add_parser("trace", help="per-op FLOPs, device time and FLOP/s from a torch.profiler trace")
     p.add_argument("profile", metavar="TRACE", help="TRACE.json or TRACE.json.gz (torch.profiler, record_shapes=True)")
@@ -40,6 +42,7 @@ def add(sub) -> None:
                         "on the same trace, and why they differ")
     add_top(p)
     add_format(p)
+    job.add_options(p)
 
     p = sub.add_parser("capture", help="profile a training step (nsys + emit_nvtx, or torch.profiler with --kineto)")
     add_model(p)
@@ -52,6 +55,8 @@ def add(sub) -> None:
 def run(args) -> int:
     if args.command == "capture":
         return _capture(args)
+    if job.is_job(args):  # several profiles, a directory or a glob: every rank of a job
+        return job.run(args)
     if args.command == "trace":
         from ..profiles import analyze_trace
 

@@ -26,7 +26,8 @@ from typing import Dict, List, Tuple
 import numpy as np
 import pandas as pd
 
-SHARE = 0.05  # a straggler is named where its delay is at least this share of the job's step
+SHARE = 0.05  # a straggler is named where its delay is at least this share of the job's step,
+FLOOR = 2.0  # and this many times the median rank's (every collective has a last arrival: the job's jitter)
 
 
 def instances(collectives: Dict[int, dict]) -> List[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -77,13 +78,17 @@ def waits(collectives: Dict[int, dict]) -> pd.DataFrame:
 
 def stragglers(collectives: Dict[int, dict], steps: int, step_s: float, share: float = SHARE) -> pd.DataFrame:
     """``rank``, ``delay_s`` (the others' wait for it per step, averaged over them), ``waited_by`` (how many
-    ranks waited for it): the ranks whose delay is at least ``share`` of the job's step, worst first."""
+    ranks waited for it), ``excess_s`` (its delay beyond the median rank's, the job's ordinary jitter): the ranks
+    whose delay is at least ``share`` of the job's step and ``FLOOR`` times the median rank's, worst first."""
     w = waits(collectives)
     n = len(collectives)
     if w.empty or n < 2:
-        return pd.DataFrame(columns=["rank", "delay_s", "waited_by"])
+        return pd.DataFrame(columns=["rank", "delay_s", "waited_by", "excess_s"])
     g = w.groupby("culprit").agg(total=("wait_s", "sum"), waited_by=("rank", "nunique"))
-    out = pd.DataFrame({"rank": g.index.astype(int), "delay_s": g["total"].to_numpy() / (n - 1) / max(steps, 1),
-                        "waited_by": g["waited_by"].to_numpy().astype(int)})
-    out = out[out["delay_s"] >= share * step_s] if step_s > 0 else out
+    delay = (g["total"] / (n - 1) / max(steps, 1)).reindex(list(collectives), fill_value=0.0)
+    floor = float(delay.median())
+    out = pd.DataFrame({"rank": delay.index.astype(int), "delay_s": delay.to_numpy(),
+                        "waited_by": g["waited_by"].reindex(delay.index, fill_value=0).to_numpy().astype(int),
+                        "excess_s": delay.to_numpy() - floor})
+    out = out[(out["delay_s"] >= share * step_s) & (out["delay_s"] >= FLOOR * floor) & (out["delay_s"] > 0)]
     return out.sort_values(["delay_s", "rank"], ascending=[False, True], kind="stable").reset_index(drop=True)
