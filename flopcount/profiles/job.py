@@ -244,9 +244,24 @@ def combine(summaries, peak=None, device_spec=None) -> Job:
     if not priced and total is not None:
         notes.append("MFU not computed: " + "; ".join(sorted(set(ranks.loc[peaks.isna(), "peak_source"]))))
     steps = int(ranks["steps"].min())
-    found = S.stragglers({s.rank: s.collectives for s in summaries}, steps, step)
+    found = S.stragglers({s.rank: s.collectives for s in summaries}, steps, step, partitions=partitions(summaries))
     return Job(ranks=ranks, job=job, stragglers=found, notes=notes,
                reader_peak_bytes={int(s.rank): int(s.reader_peak_bytes) for s in summaries})
+
+
+def partitions(summaries) -> list:
+    """The ranks' process groups by description (a mesh dimension: "mesh_tp" is the tensor-parallel pairs), each a
+    partition of some ranks into disjoint groups."""
+    by_desc: dict = {}
+    for s in summaries:
+        for desc, ranks in s.groups:
+            by_desc.setdefault(desc, set()).add(ranks)
+    out = []
+    for groups in by_desc.values():
+        members = [r for g in groups for r in g]
+        if len(members) == len(set(members)):
+            out.append(sorted(groups))
+    return out
 
 
 def _spread(col: pd.Series) -> dict:

@@ -17,6 +17,7 @@ The rank is the trace's ``distributedInfo.rank`` where it has one, else a number
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import re
 import resource
@@ -56,6 +57,7 @@ class RankSummary:
     notes: list = field(default_factory=list)
     reader_peak_bytes: int = 0
     report_frame: object = None  # the per-op frame a peak's precision mix needs (family, dtype, flops)
+    groups: list = field(default_factory=list)  # (description, ranks) of its process groups, where recorded
 
     @property
     def flops(self) -> float:
@@ -63,10 +65,11 @@ class RankSummary:
         return float(self.flops_by_phase.get("forward", 0) + self.flops_by_phase.get("backward", 0))
 
 
-def distributed_rank(path: str, kind: str = "trace") -> Optional[int]:
-    """``distributedInfo.rank`` of a torch.profiler trace (written in its header, before the events), or None."""
+def distributed_info(path: str, kind: str = "trace") -> dict:
+    """A torch.profiler trace's ``distributedInfo`` (rank, world size, process groups: written in its header,
+    before the events), or {}."""
     if kind != "trace":
-        return None
+        return {}
     try:
         with open(path, "rb") as fh:
             gz = fh.read(2) == b"\x1f\x8b"
@@ -74,12 +77,31 @@ def distributed_rank(path: str, kind: str = "trace") -> Optional[int]:
         with opener(path, "rb") as fh:
             head = fh.read(1 << 16).decode("utf-8", "replace")
     except (OSError, EOFError):
-        return None
+        return {}
     at = head.find('"distributedInfo"')
-    if at < 0 or head.find('"traceEvents"') in range(0, at):
-        return None
-    m = re.search(r'"rank"\s*:\s*(\d+)', head[at:at + 4096])
-    return int(m.group(1)) if m else None
+    events = head.find('"traceEvents"')
+    if at < 0 or 0 <= events < at:
+        return {}
+    brace = head.find("{", at)
+    try:
+        info, _ = json.JSONDecoder().raw_decode(head, brace)
+    except ValueError:
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def distributed_rank(path: str, kind: str = "trace") -> Optional[int]:
+    rank = distributed_info(path, kind).get("rank")
+    return rank if type(rank) is int and rank >= 0 else None
+
+
+def process_groups(info: dict) -> list:
+    """(description, ranks) of each process group a trace's distributedInfo lists."""
+    out = []
+    for g in info.get("pg_config") or []:
+        if isinstance(g, dict) and isinstance(g.get("ranks"), list) and all(type(r) is int for r in g["ranks"]):
+            out.append((str(g.get("pg_desc", g.get("pg_name", ""))), tuple(sorted(g["ranks"]))))
+    return out
 
 
 def name_rank(path: str) -> Optional[int]:
@@ -161,7 +183,7 @@ def summarize(path: str, rank: int, kind: str = "trace") -> RankSummary:
                        exposed_communication_s=(busy - compute) / per, idle_s=(span - busy) / per,
                        has_shapes=a.has_shapes, collectives=collectives, notes=notes,
                        reader_peak_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                       report_frame=_mix_frame(a))
+                       report_frame=_mix_frame(a), groups=process_groups(distributed_info(path, kind)))
 
 
 def _schema(prof, kind: str) -> str:

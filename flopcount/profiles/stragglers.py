@@ -30,8 +30,9 @@ SHARE = 0.05  # a straggler is named where its delay is at least this share of t
 FLOOR = 2.0  # and this many times the median rank's (every collective has a last arrival: the job's jitter)
 
 
-def instances(collectives: Dict[int, dict]) -> List[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """(ranks, starts, ends) of each call of each key that two ranks or more made, in the order of their ends."""
+def instances(collectives: Dict[int, dict], partitions=()) -> List[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(ranks, starts, ends) of each group call: the k-th call of a key on every rank that made it, split by the
+    partition of the ranks into process groups that fits the key best; in the order of their ends."""
     out = []
     keys = defaultdict(list)
     for rank, colls in collectives.items():
@@ -44,43 +45,76 @@ def instances(collectives: Dict[int, dict]) -> List[Tuple[np.ndarray, np.ndarray
         starts = np.stack([np.asarray(collectives[r][key][0][:n], np.int64) for r in ranks], axis=1)
         ends = np.stack([np.asarray(collectives[r][key][1][:n], np.int64) for r in ranks], axis=1)
         rs = np.array(ranks)
-        out.extend((rs, starts[k], ends[k]) for k in range(n))
+        for cols in _split(rs, ends, partitions):
+            out.extend((rs[cols], starts[k, cols], ends[k, cols]) for k in range(n))
     out.sort(key=lambda c: int(np.median(c[2])))
     return out
 
 
-def waits(collectives: Dict[int, dict]) -> pd.DataFrame:
-    """One row per (waiting rank, call): ``rank``, ``culprit`` (the rank it waited for, after passing the blame
-    on), ``wait_s``."""
-    last_wait: Dict[int, Tuple[float, int]] = {}  # rank -> (its wait at its latest call, for whom)
+def _split(rs: np.ndarray, ends: np.ndarray, partitions):
+    """Column sets of ``rs``, one per process group: of the partitions (mesh dimensions, from the traces'
+    distributedInfo) that cover these ranks, the one whose groups' members end their calls closest together."""
+    best, cost = [np.arange(len(rs))], None
+    where = {int(r): i for i, r in enumerate(rs.tolist())}
+    for part in partitions:
+        cols = [[where[r] for r in g if r in where] for g in part]
+        cols = [c for c in cols if len(c) > 1]
+        if sum(len(c) for c in cols) != len(rs):
+            continue
+        spread = float(np.median(np.concatenate([ends[:, c].max(axis=1) - ends[:, c].min(axis=1) for c in cols])))
+        if cost is None or spread < cost:
+            best, cost = [np.array(c) for c in cols], spread
+    return best
+
+
+def waits(collectives: Dict[int, dict], partitions=()) -> pd.DataFrame:
+    """One row per (waiting rank, culprit) share of a wait: ``rank``, ``culprit``, ``wait_s``.
+
+    Each rank carries how late it is, by whom (seconds per culprit). At a group call the last to arrive (L)
+    holds the others up; a rank's wait goes first to the culprits L is later by than that rank is, the rest to L
+    itself (its own fresh lateness). The members leave together: each then carries the latest of their
+    lateness, culprit by culprit."""
+    late: Dict[int, Dict[int, float]] = defaultdict(dict)
     rows = []
-    for rs, starts, ends in instances(collectives):
+    for rs, starts, ends in instances(collectives, partitions):
         took = ends - starts
         own = int(took.min())  # the collective's own time: the call of the last to arrive, who waited for no one
         i = int(np.argmax(starts))
-        late = int(rs[i])
-        before, culprit = last_wait.get(late, (0.0, late))
+        last = int(rs[i])
+        fresh = 0.0
         for r, t, s in zip(rs.tolist(), took.tolist(), starts.tolist()):
-            if r == late:
+            if r == last:
                 continue
             # both bound the wait from above: the excess over the collective's own time, and the time to the last
-            # arrival (which, for a rank of another group that met at the same call, need not be its to wait for)
-            w = max(0, min(t - own, int(starts[i]) - s)) / 1e9
-            passed = min(w, before) if culprit != r else 0.0
-            if passed > 0:
-                rows.append((r, culprit, passed))
-            if w > passed:
-                rows.append((r, late, w - passed))
-            last_wait[r] = (w, culprit if passed >= w - passed else late)
-        last_wait[late] = (0.0, late)
+            # arrival
+            left = max(0, min(t - own, int(starts[i]) - s)) / 1e9
+            ahead = sorted(((late[last].get(c, 0.0) - late[r].get(c, 0.0), c) for c in late[last]), reverse=True)
+            for amount, c in ahead:
+                if left <= 0 or amount <= 0:
+                    break
+                give = min(left, amount)
+                rows.append((r, c, give))
+                left -= give
+            if left > 0:
+                rows.append((r, last, left))
+                fresh = max(fresh, left)
+        late[last][last] = late[last].get(last, 0.0) + fresh
+        merged: Dict[int, float] = {}
+        for r in rs.tolist():
+            for c, v in late[r].items():
+                merged[c] = max(merged.get(c, 0.0), v)
+        for r in rs.tolist():
+            late[r] = dict(merged)
     return pd.DataFrame(rows, columns=["rank", "culprit", "wait_s"])
 
 
-def stragglers(collectives: Dict[int, dict], steps: int, step_s: float, share: float = SHARE) -> pd.DataFrame:
+def stragglers(collectives: Dict[int, dict], steps: int, step_s: float, share: float = SHARE,
+               partitions=()) -> pd.DataFrame:
     """``rank``, ``delay_s`` (the others' wait for it per step, averaged over them), ``waited_by`` (how many
     ranks waited for it), ``excess_s`` (its delay beyond the median rank's, the job's ordinary jitter): the ranks
     whose delay is at least ``share`` of the job's step and ``FLOOR`` times the median rank's, worst first."""
-    w = waits(collectives)
+    w = waits(collectives, partitions)
+    w = w[w["rank"] != w["culprit"]]
     n = len(collectives)
     if w.empty or n < 2:
         return pd.DataFrame(columns=["rank", "delay_s", "waited_by", "excess_s"])
