@@ -105,9 +105,9 @@ def main(argv=None) -> int:
         w = [r["wall"] for r in rs]
         c = [r["cpu"] for r in rs]
         label = "dask (2)" if m == "dask" else f"{m} worker" + ("s" if m != "1" else "")
-        print(f"{label:<10} {statistics.median(w):>7.2f} ({min(w):.2f}-{max(w):.2f}){'':<8} "
-              f"{statistics.median(c):>7.2f} ({min(c):.2f}-{max(c):.2f}){'':<8} {statistics.median(w) / base_wall:>7.2f} "
-              f"{statistics.median(c) / base_cpu:>7.2f} {max(r['peak'] for r in rs) / 1e6:>15.0f}")
+        wall, cpu = statistics.median(w), statistics.median(c)
+        print(f"{label:<10} {wall:>7.2f} ({min(w):.2f}-{max(w):.2f}){'':<8} {cpu:>7.2f} ({min(c):.2f}-{max(c):.2f})"
+              f"{'':<8} {wall / base_wall:>7.2f} {cpu / base_cpu:>7.2f} {max(r['peak'] for r in rs) / 1e6:>15.0f}")
     reports = [json.dumps(r["report"], sort_keys=True) for rs in results.values() for r in rs]
     same = len(set(reports)) == 1
     print("PASS" if same else "FAIL", "(ranks, job and stragglers equal across every mode and run)")

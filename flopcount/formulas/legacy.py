@@ -16,10 +16,12 @@ from __future__ import annotations
 from .conv import conv_backward_flops
 from .registry import register
 
-_CONV_TAIL = "int[] padding, int[] stride, int[] dilation, int groups, bool benchmark, bool deterministic, bool allow_tf32"
+_CONV_TAIL = ("int[] padding, int[] stride, int[] dilation, int groups, bool benchmark, bool deterministic, "
+              "bool allow_tf32")
 SCHEMAS = {
     "aten::cudnn_convolution_backward_input":
-        f"aten::cudnn_convolution_backward_input(int[] self_size, Tensor grad_output, Tensor weight, {_CONV_TAIL}) -> Tensor",
+        f"aten::cudnn_convolution_backward_input(int[] self_size, Tensor grad_output, Tensor weight, {_CONV_TAIL}) "
+        "-> Tensor",
     "aten::cudnn_convolution_backward_weight":
         f"aten::cudnn_convolution_backward_weight(int[] weight_size, Tensor grad_output, Tensor self, {_CONV_TAIL}) "
         "-> Tensor",

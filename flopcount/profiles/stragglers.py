@@ -1,22 +1,25 @@
 """Who the ranks waited for: collectives matched across ranks, each rank's wait at each, and the rank it waited on.
 
 Matching. A collective is known to a rank by its key (the backend's range name with its recorded sizes on a CPU
-run, the kernel's name on a GPU) and its place among that key's calls: the k-th call of a key on every rank is
-one instance. Ranks of different process groups (a tensor-parallel pair and a data-parallel pair) share keys, so an
-instance is split further by its ends: the members of one group leave the collective together, as the last of
-them arrives, so calls whose ends lie within ``tolerance`` of each other form one group.
+run, the kernel's name on a GPU) and its place among that key's calls: the k-th call of a key on every rank that
+makes it. Ranks of different process groups (tensor-parallel pairs, data-parallel pairs) share keys, so the ranks
+are split into the groups their traces' ``distributedInfo`` lists: of the partitions it gives (one a mesh
+dimension), the one whose groups' members leave the key's calls closest together (they leave as the last of them
+arrives). Without that record, every rank that makes the call is taken as one group. Ranks' clocks are taken as
+agreeing (Kineto writes the host's clock: one machine, or hosts kept in step).
 
-Clocks. Ranks on several machines have clocks apart by an offset: each rank's is taken as the median, over its
-instances, of its end less the instance's median end, and removed before anything is compared.
+Waits. In a group, a rank waits from its arrival to the last one's, and at most its call's excess over the
+shortest call of the group (the last arrival's, which waited for no one).
 
-Blame. In a group, each rank waits from its own arrival to the last one's. The last one is not always to blame:
-if it came late because it had itself just waited on a rank elsewhere, that part of the wait passes on to whom
-it waited for (the rest stays with it). So one slow rank in a job of several groups is named once, with the
-whole wait it caused, not once per group its lateness spread to.
+Blame. The last to arrive is not always to blame: it may be late because it waited on a rank elsewhere. Each rank
+carries how late it is, by culprit; a wait goes first to the culprits the last one is later by than the waiting
+rank, the rest to the last one itself; the members leave together, carrying the latest of their lateness. So one
+slow rank in a job of several groups is named once, with the whole wait it caused, not once per group its lateness
+spread to.
 
-A straggler's ``delay_s`` is the wait it caused, per step, averaged over the other ranks (the mean over steps):
-a rank that sleeps 0.2 s before each step, in a job where every other rank meets it (directly or through
-another) at a collective, has a delay of 0.2 s.
+A straggler's ``delay_s`` is the wait it caused, per step, averaged over the other ranks: a rank that sleeps 0.5 s
+before each step, in a job where every other rank meets it (directly or through another) at a collective, has a
+delay of 0.5 s.
 """
 from __future__ import annotations
 
