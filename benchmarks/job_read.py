@@ -4,7 +4,8 @@ each worker's peak memory, and the time against one process.
 The job is a real trace (HTA's sampled rank 0 of a 128-GPU NCCL run, tests/fixtures/kineto) copied ``--ranks``
 times, each copy given its rank in ``distributedInfo`` and its clock skewed (every time moved by ``--skew`` us x
 rank), written gzipped. Each mode runs ``--runs`` times in a fresh process (its imports not timed) and reports the
-wall and CPU time (its own and its worker processes', user + sys) of ``read_job``, median and range, their ratio to
+wall and CPU time (its own, and its worker processes' as each reports it, imports included; user + sys) of
+``read_job``, median and range, their ratio to
 one process (``--workers 1``, the peer: the single-file reader run rank after rank), and the largest peak RSS of a
 worker that read a rank (``ru_maxrss`` where it read: one process's own, a pool's or Dask's workers'). The reports'
 ``ranks``, ``job`` and ``stragglers`` are checked equal across the modes (PASS/FAIL).
@@ -45,10 +46,12 @@ job = read_job([folder], workers=None if mode == "dask" else int(mode),
                scheduler=cluster.scheduler_address if cluster else None)
 wall = time.perf_counter() - r0
 c1 = (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
-cpu = sum(b.ru_utime + b.ru_stime - a.ru_utime - a.ru_stime for a, b in zip(c0, c1))
-if cluster is not None:  # Dask's worker processes are the cluster's, not this one's children
-    import psutil
-    cpu += sum(sum(p.cpu_times()[:2]) for p in psutil.Process().children(recursive=True))
+import os
+cpu = c1[0].ru_utime + c1[0].ru_stime - c0[0].ru_utime - c0[0].ru_stime
+# the workers' CPU (their start and imports included), as each reported it when it read its last rank: forked and
+# Dask workers are not this process's children it waited for
+cpu += sum(v for pid, v in job.worker_cpu_s.items() if pid != os.getpid())
+if cluster is not None:
     cluster.close()
 doc = job.to_dict()
 print(json.dumps({"wall": wall, "cpu": cpu, "peak": max(doc["reader_peak_bytes"].values()),

@@ -32,6 +32,7 @@ from .ranks import distributed_rank, name_rank, summarize
 TRACE_SUFFIXES = (".json", ".json.gz")
 NSYS_SUFFIXES = (".sqlite",)
 WORKER_BASE = 600e6  # bytes: a worker's imports (torch, pandas) before it reads anything
+WORTH_A_WORKER = 64e6  # bytes of decompressed trace that repay a worker's start
 PER_BYTE = 6.0  # a worker's peak per byte of decompressed trace (the parsed size is ~8x, the reader peaks at 0.7x it)
 RANK_COLUMNS = ["rank", "flops", "gpu_busy_s", "compute_s", "communication_s", "exposed_communication_s", "idle_s",
                 "step_s", "mfu"]
@@ -51,6 +52,7 @@ class Job:
     workers: int = 1
     scheduler: Optional[str] = None
     reader_peak_bytes: dict = field(default_factory=dict)
+    worker_cpu_s: dict = field(default_factory=dict)  # process id -> its CPU seconds when it read its last rank
 
     def to_dict(self) -> dict:
         return {"profiles": self.paths, "ranks": _records(self.ranks), "job": self.job,
@@ -126,9 +128,11 @@ def workers_for(paths, workers: Optional[int] = None) -> int:
     """Worker processes: ``workers`` if given, else what the CPUs, the ranks and the memory allow."""
     if workers is not None:
         return max(1, min(int(workers), len(paths)))
-    each = WORKER_BASE + PER_BYTE * max(decompressed_size(p) for p in paths)
+    sizes = [decompressed_size(p) for p in paths]
+    each = WORKER_BASE + PER_BYTE * max(sizes)
     fit = int(0.8 * available_memory() // each)
-    return max(1, min(os.cpu_count() or 1, len(paths), fit))
+    worth = -(-sum(sizes) // WORTH_A_WORKER)  # a worker costs its start: one for each so much to read
+    return max(1, min(os.cpu_count() or 1, len(paths), fit, worth))
 
 
 def _task(path: str, rank: int, kind: str):
@@ -138,10 +142,19 @@ def _task(path: str, rank: int, kind: str):
 def run_local(paths, ranks, kind: str, workers: int) -> list:
     if workers <= 1:
         return [summarize(p, r, kind) for p, r in zip(paths, ranks)]
+    import importlib
     import multiprocessing
+    import threading
     from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("forkserver")) as pool:
+    # the workers' imports (torch, the formula table) cost more than a small rank's reading: where this process
+    # runs no other thread, they are made once here and the workers forked with them; else each worker makes them
+    if "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1:
+        importlib.import_module(".dedup", __package__)
+        context = multiprocessing.get_context("fork")
+    else:
+        context = multiprocessing.get_context("forkserver")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
         return list(pool.map(_task, paths, ranks, [kind] * len(paths)))
 
 
@@ -245,8 +258,11 @@ def combine(summaries, peak=None, device_spec=None) -> Job:
         notes.append("MFU not computed: " + "; ".join(sorted(set(ranks.loc[peaks.isna(), "peak_source"]))))
     steps = int(ranks["steps"].min())
     found = S.stragglers({s.rank: s.collectives for s in summaries}, steps, step, partitions=partitions(summaries))
+    cpu: dict = {}
+    for s in summaries:
+        cpu[s.worker] = max(cpu.get(s.worker, 0.0), s.worker_cpu_s)
     return Job(ranks=ranks, job=job, stragglers=found, notes=notes,
-               reader_peak_bytes={int(s.rank): int(s.reader_peak_bytes) for s in summaries})
+               reader_peak_bytes={int(s.rank): int(s.reader_peak_bytes) for s in summaries}, worker_cpu_s=cpu)
 
 
 def partitions(summaries) -> list:

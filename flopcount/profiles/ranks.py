@@ -58,6 +58,8 @@ class RankSummary:
     reader_peak_bytes: int = 0
     report_frame: object = None  # the per-op frame a peak's precision mix needs (family, dtype, flops)
     groups: list = field(default_factory=list)  # (description, ranks) of its process groups, where recorded
+    worker: int = 0  # the process that read it, and that process's CPU seconds (user + sys) by then
+    worker_cpu_s: float = 0.0
 
     @property
     def flops(self) -> float:
@@ -183,7 +185,13 @@ def summarize(path: str, rank: int, kind: str = "trace") -> RankSummary:
                        exposed_communication_s=(busy - compute) / per, idle_s=(span - busy) / per,
                        has_shapes=a.has_shapes, collectives=collectives, notes=notes,
                        reader_peak_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                       report_frame=_mix_frame(a), groups=process_groups(distributed_info(path, kind)))
+                       report_frame=_mix_frame(a), groups=process_groups(distributed_info(path, kind)),
+                       worker=os.getpid(), worker_cpu_s=_cpu())
+
+
+def _cpu() -> float:
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime
 
 
 def _schema(prof, kind: str) -> str:
