@@ -159,3 +159,22 @@ def test_a_pytorch_1x_trace_by_hand(capsys):
     # overlap), 440-450, 480-520, 610-620: 230 us busy
     assert r["gpu_busy_s"] == pytest.approx(230 * US) and r["idle_share"] == pytest.approx(0.77)
     assert "PyTorch 1.x" in r["schema"]
+
+
+@pytest.mark.slow
+def test_nsys_exports_as_ranks(tmp_path, capsys):
+    """Two Nsight exports (a real one, twice), one a rank by its file name: each rank's device split, no FLOPs
+    (recorded without shapes) and the one line that says so."""
+    src = os.path.join(HERE, "fixtures", "nsys", "mfu_2gpu_before.sqlite")
+    if not os.path.exists(src):
+        pytest.skip("Nsight fixtures missing")
+    for r in (0, 1):
+        shutil.copy(src, tmp_path / f"node{r}.sqlite")
+    code, out, _ = _run(capsys, "nsys", str(tmp_path), "--workers", "1", "--format", "json")
+    doc = json.loads(out)
+    assert code == 0 and [r["rank"] for r in doc["ranks"]] == [0, 1]
+    a, b = doc["ranks"]
+    assert a["flops"] is None and a["gpu_busy_s"] == b["gpu_busy_s"] > 0
+    assert a["gpu_busy_s"] + a["idle_s"] == pytest.approx(a["step_s"])
+    assert any("without record_shapes" in n for n in doc["notes"])
+    assert doc["job"]["schemas"][0].startswith("Nsight Systems export")
