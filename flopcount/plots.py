@@ -298,7 +298,7 @@ def plot_job(job, path: str) -> str:
     stragglers' bars marked."""
     plt = _pyplot()
     r = job.ranks.sort_values("rank")
-    fig, ax = plt.subplots(figsize=(8, max(2.5, 0.3 * len(r) + 1.5)))
+    fig, ax = plt.subplots(figsize=(9, max(2.5, 0.3 * len(r) + 1.5)))
     labels = [str(int(x)) for x in r["rank"]]
     left = None
     for col, name, color in (("compute_s", "compute", "tab:blue"),
@@ -316,5 +316,5 @@ def plot_job(job, path: str) -> str:
     ax.invert_yaxis()
     mfu = job.job.get("mfu")
     ax.set_title(f"{len(r)} ranks" + (f", job MFU {100 * mfu:.2f}%" if mfu is not None else ""))
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     return _save(fig, path, plt)
