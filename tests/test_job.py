@@ -100,7 +100,7 @@ def test_one_file_keeps_the_single_trace_report(job_dir, capsys):
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["trace", "{empty}"], "no .json or .json.gz files"),
+    (["trace", "{empty}"], "is a directory, and no .json or .json.gz file is in it"),
     (["trace", "{empty}/*.json"], "no file matches"),
     (["trace", "{job}", "--by", "phase"], "--by reads one profile"),
     (["trace", "{job}/rank0.json", "{job}/nothing.json"], "no such file"),

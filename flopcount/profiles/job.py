@@ -70,7 +70,8 @@ def expand(targets, kind: str = "trace") -> list:
             found = sorted(os.path.join(t, f) for f in os.listdir(t) if f.endswith(suffixes)
                            and os.path.isfile(os.path.join(t, f)))
             if not found:
-                raise JobError(f"{t}: no {' or '.join(suffixes)} files in this directory")
+                raise JobError(f"{t}: is a directory, and no {' or '.join(suffixes)} file is in it (a job's "
+                               "directory holds its profiles, one a rank)")
             out += found
         elif not os.path.exists(t) and glob.has_magic(t):
             found = sorted(f for f in glob.glob(t) if os.path.isfile(f))
