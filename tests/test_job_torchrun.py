@@ -19,7 +19,7 @@ from flopcount.profiles.job import read_job
 
 pytestmark = pytest.mark.slow
 LLAMA = os.path.join("tests", "fixtures", "hf", "llama-gqa-tiny")
-SLEEP, STEPS, SLOW = 0.5, 3, 3
+SLEEP, STEPS, SLOW = 1.0, 3, 3
 WORLD = {"fsdp": 2, "tp": 2}
 
 WORKER = textwrap.dedent("""
@@ -119,7 +119,9 @@ def test_each_rank_counts_what_the_fake_group_counts(job_dir, job):
 def test_the_slow_rank_is_the_straggler_with_its_sleep(job):
     s = job.stragglers
     assert list(s["rank"]) == [SLOW]
-    assert s["delay_s"].iloc[0] == pytest.approx(SLEEP, rel=0.10)
+    # the delay holds the sleep and the waits the sleeper caused by being last for any other reason: the job's
+    # jitter, 0.03 to 0.1 s a step on a loaded two-core machine, hence a sleep long beside it
+    assert s["delay_s"].iloc[0] == pytest.approx(SLEEP, rel=0.10), s
     assert int(s["waited_by"].iloc[0]) == 3
 
 
