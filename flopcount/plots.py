@@ -321,3 +321,30 @@ def plot_versus(v, path: str) -> str:
                  fontsize=10)
     ax.legend(fontsize=8)
     return _save(fig, path, plt)
+
+
+def plot_job(job, path: str) -> str:
+    """Each rank's step as stacked bars: compute, exposed communication, idle (they sum to the step); the
+    stragglers' bars marked."""
+    plt = _pyplot()
+    r = job.ranks.sort_values("rank")
+    fig, ax = plt.subplots(figsize=(9, max(2.5, 0.3 * len(r) + 1.5)))
+    labels = [str(int(x)) for x in r["rank"]]
+    left = None
+    for col, name, color in (("compute_s", "compute", "tab:blue"),
+                             ("exposed_communication_s", "exposed communication", "tab:red"),
+                             ("idle_s", "idle", "lightgray")):
+        vals = r[col].to_numpy(float) * 1e3
+        ax.barh(labels, vals, left=left, label=name, color=color)
+        left = vals if left is None else left + vals
+    slow = set(int(x) for x in job.stragglers["rank"]) if len(job.stragglers) else set()
+    for i, rank in enumerate(r["rank"]):
+        if int(rank) in slow:
+            ax.annotate("straggler", (left[i], i), xytext=(4, 0), textcoords="offset points", va="center", fontsize=8)
+    ax.set_xlabel("ms per step")
+    ax.set_ylabel("rank")
+    ax.invert_yaxis()
+    mfu = job.job.get("mfu")
+    ax.set_title(f"{len(r)} ranks" + (f", job MFU {100 * mfu:.2f}%" if mfu is not None else ""))
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    return _save(fig, path, plt)

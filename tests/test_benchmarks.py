@@ -1,6 +1,8 @@
 """Every benchmark runs at a tiny size and prints its ratio (no time is asserted: speed lives in benchmarks/)."""
 import re
 
+import pytest
+
 from helpers import run_benchmark
 
 
@@ -47,3 +49,12 @@ def test_kineto_parse_prints_its_ratio_to_json_load():
     assert "generated a trace of 3,000 events" in out
     assert re.search(r"load / json\.load = \d+\.\d\dx, analyze / json\.load = \d+\.\d\dx", out)
     assert "target not judged" in out
+
+
+@pytest.mark.slow
+def test_job_read_gives_one_report_from_every_mode():
+    """16 ranks (a real trace copied, each rank's clock skewed): one process, 2 and 4 worker processes and a Dask
+    LocalCluster (where installed) give equal ranks, job and stragglers."""
+    out = run_benchmark("job_read.py", "--ranks", "16", "--runs", "1")
+    assert re.search(r"^1 worker .*\n2 workers .*\n4 workers ", out, re.M), out
+    assert "PASS (ranks, job and stragglers equal across every mode and run)" in out, out

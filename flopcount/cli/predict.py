@@ -83,9 +83,11 @@ def add_predict(p) -> None:
     p.add_argument("--predict", action="store_true",
                    help="beside each op's measured GPU time, the time model's prediction on the profile's device")
     p.add_argument("--device-spec", default=None, metavar="NAME",
-                   help="--predict: the device the profile ran on (default: the one its device properties name)")
+                   help="--predict: the device the profile ran on (default: the one its device properties name); "
+                        "a job of several profiles: the ranks' device (its peak, for MFU)")
     p.add_argument("--plot", default=None, metavar="OUT.png", type=output_file,
-                   help="--predict: measured against predicted per op, log-log, coloured by bound")
+                   help="--predict: measured against predicted per op, log-log, coloured by bound; a job of several "
+                        "profiles: each rank's time split")
 
 
 def run_versus(args, kind: str) -> int:

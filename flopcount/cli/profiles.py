@@ -4,6 +4,7 @@ recorded step; with ``--by step|phase|module``, of the steps, phases and modules
 ``flopcount capture``."""
 from __future__ import annotations
 
+from . import job
 from .predict import add_predict, run_versus
 from .main import (EXIT_OK, UsageError, add_all, add_format, add_model, add_top, output_folder, positive_int, print_frame,
                    print_json, records, warn)
@@ -29,6 +30,7 @@ def add(sub) -> None:
     add_all(p)
     add_format(p)
     add_predict(p)
+    job.add_options(p)
 
     p = sub.add_parser("trace", help="per-op FLOPs, device time and FLOP/s from a torch.profiler trace")
     p.add_argument("profile", metavar="TRACE", help="TRACE.json or TRACE.json.gz (torch.profiler, record_shapes=True)")
@@ -47,6 +49,7 @@ def add(sub) -> None:
     add_all(p)
     add_format(p)
     add_predict(p)
+    job.add_options(p)
 
     p = sub.add_parser("capture", help="profile a training step (nsys + emit_nvtx, or torch.profiler with --kineto)")
     add_model(p)
@@ -61,12 +64,14 @@ def run(args) -> int:
     """Run ``nsys``, ``trace`` or ``capture``: read (or record) a profile and print it as asked."""
     if args.command == "capture":
         return _capture(args)
+    if job.is_job(args):  # several profiles, a directory or a glob: every rank of a job
+        return job.run(args)
     if getattr(args, "predict", False):
         if args.by != "op" or args.naive:
             raise UsageError("--predict applies to --by op, without --naive")
         return run_versus(args, args.command)
     if getattr(args, "device_spec", None) or getattr(args, "plot", None):
-        raise UsageError("--device-spec and --plot apply to --predict")
+        raise UsageError("--device-spec and --plot apply to --predict or to a job of several profiles")
     if args.command == "trace":
         from ..profiles import analyze_trace
 

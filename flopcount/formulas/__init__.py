@@ -47,5 +47,5 @@ __all__ = [
 # The families register themselves on import; keep this list in step with the modules of this package.
 from . import (  # noqa: F401
     matmul, conv, attention, norm, pooling, pointwise, reduction, memory, rnn, interpolate, selection, detection,
-    recurrent, distance, collective,
+    recurrent, distance, collective, legacy,
 )

@@ -8,6 +8,8 @@ of their own. ``role(packet)`` is one of:
   dilation; groups from the channel counts;
 * ``conv_transpose``: a transposed convolution, output size from the backward node;
 * ``conv_backward``: ``convolution_backward``, which gradients it computed (``output_mask``);
+* ``conv_backward_legacy``: the cuDNN convolution backward ops of PyTorch 1.x (``legacy.py``): which gradients,
+  and the weight's size from the forward op;
 * ``max_pool``: a max-pool, whose window a marker lacks;
 * ``batch_norm`` / ``batch_norm_backward``: training or not, which gradients;
 * ``norm_backward``: layer, group and RMS norm backward, which gradients (``output_mask``);
@@ -30,6 +32,8 @@ _add("conv", "convolution", "_convolution", "mkldnn_convolution", "cudnn_convolu
      "cudnn_convolution_relu", "cudnn_convolution_add_relu", "miopen_depthwise_convolution")
 _add("conv_transpose", "cudnn_convolution_transpose", "miopen_convolution_transpose")
 _add("conv_backward", "convolution_backward")
+_add("conv_backward_legacy", "cudnn_convolution_backward", "cudnn_convolution_backward_input",
+     "cudnn_convolution_backward_weight")
 _add("max_pool", *(f"max_pool{d}d{s}" for d in (1, 2, 3) for s in ("", "_with_indices")))
 _add("batch_norm", "native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm")
 _add("batch_norm_backward", "native_batch_norm_backward")

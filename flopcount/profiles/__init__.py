@@ -6,7 +6,8 @@ torch.profiler trace, both into one :class:`Profile` (``profile``); ``nesting`` 
 ``marker_flops`` prices each marker from the formula table; ``dedup`` counts each op once (an op's
 children and its autograd node's repeats are not counted again) and gives an :class:`Analysis`;
 ``annotations`` charges kernels and FLOPs to the ranges ``flopcount.nvtx.annotate`` marks (steps, phases,
-modules), or to a user's own module ranges.
+modules), or to a user's own module ranges. A job of several ranks: ``ranks`` (one rank read, priced and its device
+time split, in a worker), ``stragglers`` (who the ranks waited for), ``job`` (the ranks in parallel, job MFU).
 
 ``analyze(path)`` here reads an Nsight export and analyses it, ``analyze_trace(path)`` a torch.profiler trace;
 ``analyze(profile)`` takes a loaded profile of either reader. Recording a profile is ``flopcount.capture``'s, beside this package.

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from .. import formulas
+from ..formulas import legacy
 from ..report import FlopReport
 from . import compiled, markers
 from .marker_flops import STATUS, op_flops
@@ -210,7 +211,14 @@ def analyze(prof: Profile, naive: bool = False) -> Analysis:
         return vals[name_codes] if len(vals) else np.zeros(n, dtype=dtype)
 
     # --- classification per distinct name (hundreds), then spread to rows ------------------------------------
-    op_like = by_name(lambda u: markers.is_aten(u) and not is_composite(u))
+    op_like = by_name(lambda u: markers.is_aten(u) and not is_composite(u) and u not in legacy.PASS_THROUGH)
+    # a tensor subclass (DTensor, under tensor parallelism) records an op with its logical sizes, then, inside a
+    # ``PythonSubclass`` range, the same op on its local shard: the inner one is what ran
+    sub = by_name(lambda u: u == "PythonSubclass")
+    above = np.where((parent >= 0) & sub[np.maximum(parent, 0)], parent[np.maximum(parent, 0)], -1)
+    twin = (above >= 0) & op_like
+    twin[twin] = name_codes[twin] == name_codes[above[twin]]
+    op_like[above[twin]] = False
     phase = _top_down(parent, by_level, by_name(_phase_of, np.int8), lambda v: v > 0)
 
     # the op a range belongs to: the outermost op-like range on its path (itself if none above)

@@ -39,7 +39,7 @@ from . import compiled, markers, sanity, trace_columns
 from .launches import LaunchIndex
 from .nesting import sort_ranges
 from .profile import Profile, ProfileError, check_path, head
-from .trace_rules import RANGE_CATS, THREAD_SHIFT, Decoded, decode_events, parse_value  # noqa: F401
+from .trace_rules import LEGACY_SCHEMA, RANGE_CATS, THREAD_SHIFT, Decoded, decode_events, parse_value  # noqa: F401
 
 
 def read_json(path: str):
@@ -114,8 +114,10 @@ def assemble(path: str, d: Decoded) -> Profile:
         raise ProfileError(f"{path}: {sanity.ALL_ZERO}")
     if nodes:
         notes.append(f"{nodes:,} {sanity.ZERO_NODES}")
+    if d.legacy:
+        notes.append(f"read as a trace of {LEGACY_SCHEMA}")
     return Profile(path=path, ranges=ranges, kernels=kernels, schema_version=d.schema_version,
-                   product_version="torch.profiler", skipped=skipped, notes=notes, sizes_format="kineto",
+                   product_version="torch.profiler" + (f", {LEGACY_SCHEMA}" if d.legacy else ""), skipped=skipped, notes=notes, sizes_format="kineto",
                    cpu_times=not d.saw_device, devices=d.devices)
 
 

@@ -26,7 +26,7 @@ from typing import Optional, Tuple
 import torch
 
 from .. import formulas
-from ..formulas import roles
+from ..formulas import legacy, roles
 from ..errors import reason
 
 
@@ -38,6 +38,7 @@ class Context:
     input_needs_grad: bool = True  # backward ops: the forward op's data input required a gradient
     forward_has_bias: Optional[bool] = None  # backward ops: the linked forward op had a bias
     scaled: bool = False  # optimizer ops: scale factors the marker lacks are taken as not 1
+    forward_weight: Optional[Tuple[int, ...]] = None  # backward ops: the linked forward op's weight size
 
 
 @lru_cache(maxsize=None)
@@ -48,6 +49,8 @@ def _schemas(name: str, with_out: bool = False):
         schemas = torch._C._jit_get_schemas_for_operator(name)
     except Exception:
         return ()
+    if not schemas and name in legacy.SCHEMAS:  # an op of older PyTorch, recorded in its traces
+        schemas = [torch._C.parse_schema(legacy.SCHEMAS[name])]
     out = []
     for s in schemas:
         is_out = s.overload_name.endswith("out") or any(getattr(a, "is_out", False) for a in s.arguments)
@@ -241,6 +244,12 @@ def _infer(name: str, bound: dict, ctx: Context, known=frozenset()):
                  "groups": x[1] // w[1] if len(w) > 1 and w[1] else 1,
                  "output_mask": [ctx.input_needs_grad, True, has_bias]}
         bound.update({k: v for k, v in guess.items() if k not in known})
+        return None
+    if kind == "conv_backward_legacy":  # the weight's size and the gradients computed are not recorded
+        if "weight_size" in bound and "weight_size" not in known and ctx.forward_weight:
+            bound["weight_size"] = torch.Size(ctx.forward_weight)
+        if "output_mask" in bound and "output_mask" not in known:
+            bound["output_mask"] = [ctx.input_needs_grad, True]
         return None
     if kind == "max_pool":
         if out is None:

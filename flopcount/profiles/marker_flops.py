@@ -60,6 +60,13 @@ _INT_TYPE_NAMES = {"long int", "int", "short int", "signed char", "unsigned char
 _NOT_TENSOR = {"", "Scalar", "ScalarList", "TensorList", "GenericList", "None"}
 
 
+def _weight_of(args):
+    """The weight's size of a convolution's recorded arguments (input, weight, ...), or None."""
+    d = args[0] if args else None
+    w = d[1] if isinstance(d, list) and len(d) > 1 else None
+    return tuple(w) if isinstance(w, list) and len(w) > 2 and all(type(x) is int for x in w) else None
+
+
 def integer_only(types) -> bool:
     """Whether a trace's ``Input type`` names only integer or bool tensors (and at least one tensor)."""
     if not types:
@@ -199,14 +206,17 @@ def op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, fmt, no
     has_bias = np.where(fwd_row >= 0, take(bias_table, find(fwd_code, uniq_codes), 0), -1)
     needs = ~np.isin(ns, first_seqs)
     kind = np.where(fw, 0, np.where(opt, 2, 1))
+    # PyTorch 1.x's cuDNN weight gradient does not record the weight's size: the forward op's sizes give it
+    legacy_w = per_name(lambda u: roles.role(u) == "conv_backward_legacy")[rows]
     cols = [name_codes[rows], sc[rows], np.where(fw, out, -1), np.where(fw, linked, 0).astype(np.int64),
-            np.where(bw, has_bias, -2), np.where(bw, needs, 0).astype(np.int64), kind]
+            np.where(bw, has_bias, -2), np.where(bw, needs, 0).astype(np.int64), kind,
+            np.where(bw & legacy_w, fwd_code, -1).astype(np.int64)]
     codes, firsts = group_codes(cols)
     uniq = [tuple(int(c[i]) for c in cols) for i in firsts]
     values = np.full(len(uniq), -1, dtype=np.int64)
     why = np.full(len(uniq), -1, dtype=np.int64)
     parsed = {}
-    for j, (nc, szc, oc, lk, hb, nd, kd) in enumerate(uniq):
+    for j, (nc, szc, oc, lk, hb, nd, kd, fc) in enumerate(uniq):
         args = parsed.setdefault(szc, parse_args(fmt, size_texts[szc]))
         out_args = parse_args(fmt, size_texts[oc]) if oc >= 0 else None
         if args is None or not _valid_sizes(args[0]) or (out_args is not None and not _valid_sizes(out_args[0])):
@@ -218,7 +228,8 @@ def op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, fmt, no
             elif kd == 2:
                 ctx = Context(scaled=True)
             else:
-                ctx = Context(input_needs_grad=bool(nd), forward_has_bias=None if hb < 0 else bool(hb))
+                ctx = Context(input_needs_grad=bool(nd), forward_has_bias=None if hb < 0 else bool(hb),
+                              forward_weight=_weight_of(parse_args(fmt, size_texts[fc])) if fc >= 0 else None)
             try:
                 f, reason = derive(str(name_cats[nc]), args[0], ctx, values=args[2], types=args[1])
                 if f != 0 and integer_only(args[1]):

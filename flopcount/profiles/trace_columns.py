@@ -73,6 +73,7 @@ if msgspec is not None:
 OP, ANNOTATION, LAUNCH, DEVICE = 1, 2, 3, 4
 _KIND = {("X", "cpu_op"): OP, ("X", "user_annotation"): ANNOTATION,
          **{("X", c): LAUNCH for c in R.LAUNCH_CATS}, **{("X", c): DEVICE for c in R.DEVICE_CATS}}
+_KIND.update({("X", old): _KIND[("X", new)] for old, new in R.LEGACY_CATS.items()})
 _CAT_NAMES = np.array([None, "cpu_op", "user_annotation"], dtype=object)
 INT, FLOAT, NONE = 1, 2, 3
 _TYPE = {int: INT, float: FLOAT, type(None): NONE}  # any other type: 0
@@ -149,6 +150,7 @@ def _columns(box: list) -> R.Decoded:
         kind = np.fromiter(map(_kind_of, map(attrgetter("ph", "cat"), events)), np.int8, n)
     keep = kind > 0
     events = _only(events, keep)
+    legacy = bool(set(R.LEGACY_CATS).intersection(map(attrgetter("cat"), events)))
     kind = kind[keep]
     skipped: dict = {}
     first: dict = {}  # reason -> the event it was first given to: the reference counts them in event order
@@ -213,7 +215,7 @@ def _columns(box: list) -> R.Decoded:
                "kernel_flop": _amounts(_pick(rflop, fidx)), "kernel_num_gb": _amounts(_pick(rgb, fidx))}
     ordered = {why: skipped[why] for why in sorted(first, key=first.get)}
     return R.Decoded(ranges=ranges, launches=launches, device=dev, skipped=ordered, saw_device=saw_device,
-                     schema_version=str(schema), devices=devices, figured=figured)
+                     schema_version=str(schema), devices=devices, figured=figured, legacy=legacy)
 
 
 def _kind_of(ph_cat) -> int:

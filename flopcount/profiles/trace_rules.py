@@ -18,6 +18,11 @@ import numpy as np
 RANGE_CATS = {"cpu_op", "user_annotation"}
 LAUNCH_CATS = {"cuda_runtime", "cuda_driver"}
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
+# PyTorch 1.8 to 1.10 wrote other category names for the same events (ops, record_function ranges and the
+# ProfilerStep ranges all as "Operator"); a trace with them is read as if written with today's
+LEGACY_CATS = {"Operator": "cpu_op", "Runtime": "cuda_runtime", "Kernel": "kernel", "Memcpy": "gpu_memcpy",
+               "Memset": "gpu_memset"}
+LEGACY_SCHEMA = "PyTorch 1.x categories (Operator, Runtime, Kernel, Memcpy, Memset)"
 THREAD_SHIFT = 40  # a forward thread's rank above the sequence number
 LIMIT = 1 << 62  # times in nanoseconds, and ids, beyond this are not a trace's
 NAME_MAX = 4096
@@ -47,6 +52,7 @@ class Decoded:
     schema_version: str = ""
     devices: list = field(default_factory=list)
     figured: dict = field(default_factory=dict)
+    legacy: bool = False  # PyTorch 1.x category names were read
 
 
 def parse_value(text):
@@ -174,10 +180,13 @@ def decode_events(events, meta) -> Decoded:
     # a trace repeats a few thousand distinct calls (one layer's op, step after step): each is parsed once, keyed
     # by the repr of what was recorded (made in C, far cheaper than the parse)
     memo: dict = {}
+    legacy = False
     for e in events:
         if type(e) is not dict or e.get("ph") != "X":
             continue
         cat = e.get("cat")
+        if type(cat) is str and cat in LEGACY_CATS:
+            cat, legacy = LEGACY_CATS[cat], True
         if type(cat) is not str or cat not in RANGE_CATS and cat not in LAUNCH_CATS and cat not in DEVICE_CATS:
             continue
         args = e.get("args")
@@ -256,4 +265,5 @@ def decode_events(events, meta) -> Decoded:
     devices = [str(p.get("name", "")) for p in props if isinstance(p, dict)] if isinstance(props, list) else []
     return Decoded(ranges=ranges, launches={"corr": ints(la[0]), "tid": ints(la[1]), "start": ints(la[2])},
                    device=dev, skipped=skipped, saw_device=saw_device,
-                   schema_version=str(meta.get("schemaVersion", "")), devices=devices, figured=figures)
+                   schema_version=str(meta.get("schemaVersion", "")), devices=devices, figured=figures,
+                   legacy=legacy)

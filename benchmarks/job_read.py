@@ -1,0 +1,121 @@
+"""A job's ranks read in parallel: the same report from 1, 2 and 4 worker processes and from a Dask LocalCluster,
+each worker's peak memory, and the time against one process.
+
+The job is a real trace (HTA's sampled rank 0 of a 128-GPU NCCL run, tests/fixtures/kineto) copied ``--ranks``
+times, each copy given its rank in ``distributedInfo`` and its clock skewed (every time moved by ``--skew`` us x
+rank), written gzipped. Each mode runs ``--runs`` times in a fresh process (its imports not timed) and reports the
+wall and CPU time (its own, and its worker processes' as each reports it, imports included; user + sys) of
+``read_job``, median and range, their ratio to
+one process (``--workers 1``, the peer: the single-file reader run rank after rank), and the largest peak RSS of a
+worker that read a rank (``ru_maxrss`` where it read: one process's own, a pool's or Dask's workers'). The reports'
+``ranks``, ``job`` and ``stragglers`` are checked equal across the modes (PASS/FAIL).
+
+    python benchmarks/job_read.py [--ranks 64] [--runs 3] [--skew 37] [--no-dask]
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+SOURCE = os.environ.get("FLOPCOUNT_KINETO_FIXTURES", os.path.join(ROOT, "..", "shared", "fixtures", "kineto"))
+if not os.path.isdir(SOURCE):
+    SOURCE = os.path.join(ROOT, "tests", "fixtures", "kineto")
+
+CHILD = r"""
+import json, resource, sys, time
+sys.path.insert(0, sys.argv[1])
+from flopcount.profiles.job import read_job
+folder, mode = sys.argv[2], sys.argv[3]
+import flopcount.profiles.ranks, flopcount.profiles.dedup  # imports not timed
+cluster = None
+if mode == "dask":
+    from distributed import LocalCluster
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                           dashboard_address=None)
+r0 = time.perf_counter()
+c0 = (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
+job = read_job([folder], workers=None if mode == "dask" else int(mode),
+               scheduler=cluster.scheduler_address if cluster else None)
+wall = time.perf_counter() - r0
+c1 = (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
+import os
+cpu = c1[0].ru_utime + c1[0].ru_stime - c0[0].ru_utime - c0[0].ru_stime
+# the workers' CPU (their start and imports included), as each reported it when it read its last rank: forked and
+# Dask workers are not this process's children it waited for
+cpu += sum(v for pid, v in job.worker_cpu_s.items() if pid != os.getpid())
+if cluster is not None:
+    cluster.close()
+doc = job.to_dict()
+print(json.dumps({"wall": wall, "cpu": cpu, "peak": max(doc["reader_peak_bytes"].values()),
+                  "report": {k: doc[k] for k in ("ranks", "job", "stragglers")}}))
+"""
+
+
+def make_job(folder: str, ranks: int, skew_us: float) -> None:
+    with gzip.open(os.path.join(SOURCE, "sampled_rank0_train.json.gz"), "rt") as fh:
+        doc = json.load(fh)
+    events = doc["traceEvents"]
+    for r in range(ranks):
+        shift = r * skew_us
+        out = dict(doc, distributedInfo={"backend": "nccl", "rank": r, "world_size": ranks},
+                   traceEvents=[dict(e, ts=e["ts"] + shift) if isinstance(e.get("ts"), (int, float)) else e
+                                for e in events])
+        with gzip.open(os.path.join(folder, f"rank{r}.json.gz"), "wt") as fh:
+            json.dump(out, fh)
+
+
+def run(folder: str, mode: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", CHILD, ROOT, folder, mode], capture_output=True, text=True,
+                         timeout=3600)
+    if out.returncode != 0:
+        raise SystemExit(f"{mode}: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ranks", type=int, default=64)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--skew", type=float, default=37.0, help="clock skew per rank, in us")
+    p.add_argument("--no-dask", action="store_true")
+    args = p.parse_args(argv)
+    modes = ["1", "2", "4"]
+    try:
+        import distributed  # noqa: F401
+        if not args.no_dask:
+            modes.append("dask")
+    except ImportError:
+        print("(Dask not installed: pip install 'flopcount[jobs]'; its mode is left out)")
+    with tempfile.TemporaryDirectory() as folder:
+        make_job(folder, args.ranks, args.skew)
+        size = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
+        print(f"job: {args.ranks} ranks of sampled_rank0_train, {size / 1e6:.1f} MB gzipped; {args.runs} run(s) a "
+              f"mode; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+        results = {m: [run(folder, m) for _ in range(args.runs)] for m in modes}
+    base_wall = statistics.median(r["wall"] for r in results["1"])
+    base_cpu = statistics.median(r["cpu"] for r in results["1"])
+    print(f"{'mode':<10} {'wall s, median (range)':<26} {'CPU s, median (range)':<26} {'wall/1':>7} {'CPU/1':>7} "
+          f"{'worker peak MB':>15}")
+    for m, rs in results.items():
+        w = [r["wall"] for r in rs]
+        c = [r["cpu"] for r in rs]
+        label = "dask (2)" if m == "dask" else f"{m} worker" + ("s" if m != "1" else "")
+        wall, cpu = statistics.median(w), statistics.median(c)
+        print(f"{label:<10} {wall:>7.2f} ({min(w):.2f}-{max(w):.2f}){'':<8} {cpu:>7.2f} ({min(c):.2f}-{max(c):.2f})"
+              f"{'':<8} {wall / base_wall:>7.2f} {cpu / base_cpu:>7.2f} {max(r['peak'] for r in rs) / 1e6:>15.0f}")
+    reports = [json.dumps(r["report"], sort_keys=True) for rs in results.values() for r in rs]
+    same = len(set(reports)) == 1
+    print("PASS" if same else "FAIL", "(ranks, job and stragglers equal across every mode and run)")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

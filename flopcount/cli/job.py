@@ -1,0 +1,80 @@
+"""``flopcount trace DIR_OR_FILES...`` and ``flopcount nsys EXPORTS...``: every rank of a job (one profile a rank),
+read in parallel: per rank its FLOPs, device time split and MFU; the job's MFU, spread and stragglers."""
+from __future__ import annotations
+
+import glob
+import os
+
+from .main import EXIT_OK, UsageError, output_file, positive_float, positive_int, print_frame, print_json
+
+
+def add_options(p) -> None:
+    """The job's options, on the ``trace`` and ``nsys`` parsers (a second profile, a directory or a glob makes a
+    job of them). ``--device-spec`` and ``--plot`` are shared with ``--predict`` (``predict.add_predict``)."""
+    p.add_argument("more", nargs="*", metavar="MORE",
+                   help="more profiles, one a rank (a directory or a glob also reads every rank of a job)")
+    p.add_argument("--workers", type=positive_int, default=None,
+                   help="job: worker processes reading the ranks (default: as the CPUs and memory allow)")
+    p.add_argument("--scheduler", metavar="ADDRESS", default=None,
+                   help="job: read the ranks on this Dask scheduler's workers (pip install 'flopcount[jobs]')")
+    p.add_argument("--peak", type=positive_float, default=None, help="job: each rank's peak FLOP/s, for MFU")
+
+
+def is_job(args) -> bool:
+    target = args.profile
+    return bool(args.more) or os.path.isdir(target) or (not os.path.exists(target) and glob.has_magic(target))
+
+
+def run(args) -> int:
+    from ..profiles.job import read_job
+
+    single = {"naive": False, "by": "op", "module_ranges": None, "compare_inductor": False, "predict": False}
+    for name, default in single.items():
+        if getattr(args, name, default) not in (default,):
+            raise UsageError(f"--{name.replace('_', '-')} reads one profile, not a job of several")
+    job = read_job([args.profile] + list(args.more), "trace" if args.command == "trace" else "nsys",
+                   workers=args.workers, scheduler=args.scheduler, peak=args.peak, device_spec=args.device_spec)
+    if args.plot:
+        from ..plots import plot_job
+
+        plot_job(job, args.plot)
+    if args.format == "json":
+        print_json(job.to_dict())
+        return EXIT_OK
+    if args.format == "csv":
+        print_frame(job.ranks.set_index("rank"), "csv")
+        return EXIT_OK
+    print(job_table(job, top=args.top))
+    return EXIT_OK
+
+
+def job_table(job, top=None) -> str:
+    from . import render as R
+
+    j = job.job
+    title = [R.headline(f"{j['ranks']} ranks", step=R.seconds(j["step_s"]),
+                        mfu=f"{100 * j['mfu']:.2f}%" if j["mfu"] is not None else "-",
+                        achieved=R.si(j["achieved_flops_per_s"], "FLOP/s") if j["achieved_flops_per_s"] else "-"),
+             "  per rank, per step (the mean of the marked steps); the device's time split: compute, communication "
+             "(exposed: with no compute beside it), idle",
+             "  read as: " + "; ".join(j["schemas"])]
+    f = job.ranks.copy()
+    f["mfu_pct"] = f["mfu"] * 100
+    if top is not None:
+        f = f.sort_values("step_s", ascending=False, kind="stable").head(top)
+    cols = [R.Col("rank", R.INT), R.Col("flops", R.FLOPS, "FLOPs"), R.Col("step_s", R.SECONDS, "step"),
+            R.Col("gpu_busy_s", R.SECONDS, "busy"), R.Col("compute_s", R.SECONDS, "compute", drop=4),
+            R.Col("communication_s", R.SECONDS, "comm", drop=3),
+            R.Col("exposed_communication_s", R.SECONDS, "exposed"), R.Col("idle_s", R.SECONDS, "idle"),
+            R.Col("achieved_flops_per_s", R.RATE, "FLOP/s", drop=2), R.Col("mfu_pct", R.AUTO, "MFU %", drop=1)]
+    spread = j["spread"]["step_s"]
+    notes = [f"step spread: {R.seconds(spread['min'])} to {R.seconds(spread['max'])}"]
+    if j["spread"]["mfu"]["min"] is not None:
+        notes[0] += f"; MFU {100 * j['spread']['mfu']['min']:.2f}% to {100 * j['spread']['mfu']['max']:.2f}%"
+    if len(job.stragglers):
+        notes.append("stragglers (the rank the others waited for at collectives, their mean wait per step): " +
+                     ", ".join(f"rank {int(r.rank)} {R.seconds(r.delay_s)}" for r in job.stragglers.itertuples()))
+    else:
+        notes.append("no straggler: no rank kept the others waiting at collectives beyond the job's jitter")
+    notes += [f"note: {n}" for n in job.notes]
+    return R.table(f, cols, title=title, notes=notes)

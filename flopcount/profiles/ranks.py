@@ -1,0 +1,278 @@
+"""One rank of a job: its profile read by the existing readers, priced by the formula table, and its device time
+split, as a small summary a worker process hands back (a few numbers and its collectives' times, never the trace).
+
+The split, per step, of the time from the first marked step's start to the end of the last one (``ProfilerStep#N``
+ranges; the whole profile where none is marked), extended to the end of the last kernel launched inside it:
+
+* ``busy``: the union of the device's activity (kernels, copies, sets on every stream); on a trace without device
+  activity (a CPU run), of its ops and collectives, which is what the "device" is there;
+* ``communication``: the union of the collectives (NCCL/RCCL kernels; on a CPU run, the backend's own ranges,
+  ``gloo:all_reduce``, and the ``c10d`` ops that wait on them);
+* ``compute``: the union of everything else (copies and sets included), ops inside a collective excepted;
+* ``exposed communication``: communication with no compute beside it, ``busy - compute``;
+* ``idle``: the window minus busy.
+
+The rank is the trace's ``distributedInfo.rank`` where it has one, else a number in the file's name.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import resource
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+# kernels of a collective library, and the ranges a process group records around its collectives
+COMM_KERNEL = re.compile(r"nccl|rccl|AllReduce|AllGather|ReduceScatter|SendRecv|AllToAll|Broadcast", re.I)
+BACKEND_RANGE = re.compile(r"^(?:gloo|nccl|rccl|ucc|mpi):")
+COMM_OP = re.compile(r"^(?:c10d::|_c10d_functional::|c10d_functional::|record_param_comms$)")
+STEP = "ProfilerStep#"
+PHASES = ("forward", "backward", "recompute", "optimizer")
+
+
+@dataclass
+class RankSummary:
+    """What a worker hands back for one rank: times in seconds per step, FLOPs per step by phase, and the
+    collectives (key, start and end in ns, by the rank's clock) for the straggler analysis."""
+
+    rank: int
+    path: str
+    schema: str
+    devices: list
+    time_source: str
+    steps: int
+    step_s: float
+    flops_by_phase: dict
+    busy_s: float
+    compute_s: float
+    communication_s: float
+    exposed_communication_s: float
+    idle_s: float
+    has_shapes: bool
+    collectives: dict = field(default_factory=dict)  # key (text) -> (starts, ends) int64 arrays, in time order
+    notes: list = field(default_factory=list)
+    reader_peak_bytes: int = 0
+    report_frame: object = None  # the per-op frame a peak's precision mix needs (family, dtype, flops)
+    groups: list = field(default_factory=list)  # (description, ranks) of its process groups, where recorded
+    worker: int = 0  # the process that read it, and that process's CPU seconds (user + sys) by then
+    worker_cpu_s: float = 0.0
+
+    @property
+    def flops(self) -> float:
+        """Model FLOPs per step: forward + backward (MFU's convention; recompute and optimizer apart)."""
+        return float(self.flops_by_phase.get("forward", 0) + self.flops_by_phase.get("backward", 0))
+
+
+def distributed_info(path: str, kind: str = "trace") -> dict:
+    """A torch.profiler trace's ``distributedInfo`` (rank, world size, process groups: written in its header,
+    before the events), or {}."""
+    if kind != "trace":
+        return {}
+    try:
+        with open(path, "rb") as fh:
+            gz = fh.read(2) == b"\x1f\x8b"
+        opener = gzip.open if gz else open
+        with opener(path, "rb") as fh:
+            head = fh.read(1 << 16).decode("utf-8", "replace")
+    except (OSError, EOFError):
+        return {}
+    at = head.find('"distributedInfo"')
+    events = head.find('"traceEvents"')
+    if at < 0 or 0 <= events < at:
+        return {}
+    brace = head.find("{", at)
+    try:
+        info, _ = json.JSONDecoder().raw_decode(head, brace)
+    except ValueError:
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def distributed_rank(path: str, kind: str = "trace") -> Optional[int]:
+    rank = distributed_info(path, kind).get("rank")
+    return rank if type(rank) is int and rank >= 0 else None
+
+
+def process_groups(info: dict) -> list:
+    """(description, ranks) of each process group a trace's distributedInfo lists."""
+    out = []
+    for g in info.get("pg_config") or []:
+        if isinstance(g, dict) and isinstance(g.get("ranks"), list) and all(type(r) is int for r in g["ranks"]):
+            out.append((str(g.get("pg_desc", g.get("pg_name", ""))), tuple(sorted(g["ranks"]))))
+    return out
+
+
+def name_rank(path: str) -> Optional[int]:
+    """A rank in a file's name: ``rank3``, ``rank-3``, ``rank_3``, else the last number in it."""
+    base = os.path.basename(path)
+    m = re.search(r"rank[-_.]?(\d+)", base, re.I) or re.search(r"(\d+)(?!.*\d)", base)
+    return int(m.group(1)) if m else None
+
+
+def summarize(path: str, rank: int, kind: str = "trace") -> RankSummary:
+    """Read, price and split one rank's profile (run in a worker process)."""
+    from . import kineto_trace, nsys_export
+    from .dedup import analyze
+
+    prof = kineto_trace.load(path) if kind == "trace" else nsys_export.load(path)
+    a = analyze(prof)
+    r = prof.ranges
+    names = np.asarray(r["name"], dtype=object)
+    rstart, rend = r["start"].to_numpy(np.int64), r["end"].to_numpy(np.int64) + 1  # ranges are stored half-open
+    is_step = np.fromiter((isinstance(n, str) and n.startswith(STEP) for n in names), bool, len(names))
+    k = prof.kernels
+    kstart, kend = k["start"].to_numpy(np.int64), k["end"].to_numpy(np.int64)
+    launch = k["launch_start"].to_numpy(np.int64)
+    if is_step.any():
+        steps = int(is_step.sum())
+        lo, hi = int(rstart[is_step].min()), int(rend[is_step].max())
+        inside = np.where(launch >= 0, (launch >= lo) & (launch < hi), (kstart >= lo) & (kstart < hi))
+        if inside.any():
+            hi = max(hi, int(kend[inside].max()))
+    else:
+        steps = 1
+        lo = int(min(rstart.min(), kstart.min() if len(k) else rstart.min()))
+        hi = int(max(rend.max(), kend.max() if len(k) else rend.max()))
+    span = max(hi - lo, 1)
+
+    if prof.cpu_times:  # the ops ran on the CPU: the ops and the collectives are the "device"'s activity
+        ops = a.op_ranges
+        comm = np.fromiter((isinstance(n, str) and bool(BACKEND_RANGE.match(n) or COMM_OP.match(n))
+                            for n in names), bool, len(names))
+        cs, ce, ct = rstart[comm], rend[comm], r["tid"].to_numpy(np.int64)[comm]
+        # an op that waits on a collective inside it (the wait of an asynchronous one) is not computing meanwhile
+        comp_s, comp_e = _minus(ops["start"].to_numpy(np.int64), ops["end"].to_numpy(np.int64) + 1,
+                                ops["tid"].to_numpy(np.int64), cs, ce, ct)
+        backend = np.fromiter((isinstance(n, str) and bool(BACKEND_RANGE.match(n)) for n in names), bool, len(names))
+        coll = backend if backend.any() else _outermost(comm, rstart, rend, r["tid"].to_numpy(np.int64))
+        sizes = np.asarray(r["sizes"], dtype=object)
+        keys = np.array([f"{n} {s}" if isinstance(s, str) else str(n) for n, s in zip(names[coll], sizes[coll])],
+                        dtype=object)
+        coll_s, coll_e = rstart[coll], rend[coll]
+    else:
+        knames = np.asarray(k["name"], dtype=object)
+        is_comm = np.fromiter((isinstance(n, str) and bool(COMM_KERNEL.search(n)) for n in knames), bool, len(knames))
+        cs, ce = kstart[is_comm], kend[is_comm]
+        comp_s, comp_e = kstart[~is_comm], kend[~is_comm]
+        keys, coll_s, coll_e = knames[is_comm], cs, ce
+    busy = _union(np.concatenate([comp_s, cs]), np.concatenate([comp_e, ce]), lo, hi)
+    compute = _union(comp_s, comp_e, lo, hi)
+    communication = _union(cs, ce, lo, hi)
+    window = (coll_s >= lo) & (coll_s < hi)
+    collectives = {}
+    for key in dict.fromkeys(keys[window].tolist()):
+        sel = window & (keys == key)
+        order = np.argsort(coll_s[sel], kind="stable")
+        collectives[str(key)] = (coll_s[sel][order], coll_e[sel][order])
+
+    flops = {}
+    if a.has_shapes and a.op_ranges is not None and len(a.op_ranges):
+        o = a.op_ranges
+        mid = o["start"].to_numpy(np.int64)
+        within = (mid >= lo) & (mid < hi) if is_step.any() else np.ones(len(o), bool)
+        flops = {p: float(v) / steps for p, v in o[within].groupby("phase")["flops"].sum().items() if p}
+    per = 1e9 * steps
+    notes = list(a.notes)
+    if not is_step.any():
+        notes.append("no ProfilerStep ranges: the whole profile is taken as one step")
+    return RankSummary(rank=rank, path=path, schema=_schema(prof, kind), devices=list(prof.devices),
+                       time_source=a.time_source, steps=steps, step_s=span / per, flops_by_phase=flops,
+                       busy_s=busy / per, compute_s=compute / per, communication_s=communication / per,
+                       exposed_communication_s=(busy - compute) / per, idle_s=(span - busy) / per,
+                       has_shapes=a.has_shapes, collectives=collectives, notes=notes,
+                       reader_peak_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                       report_frame=_mix_frame(a), groups=process_groups(distributed_info(path, kind)),
+                       worker=os.getpid(), worker_cpu_s=_cpu())
+
+
+def _cpu() -> float:
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime
+
+
+def _schema(prof, kind: str) -> str:
+    if kind == "trace":
+        v = f" schemaVersion {prof.schema_version}" if prof.schema_version else ""
+        return f"{prof.product_version or 'torch.profiler'}{v}"
+    return f"Nsight Systems export{f' {prof.schema_version}' if prof.schema_version else ''}"
+
+
+def _mix_frame(a):
+    if a.report is None:
+        return None
+    f = a.report.frame
+    cols = [c for c in ("family", "dtype", "flops", "phase") if c in f.columns]
+    return f[cols].copy()
+
+
+def _union(starts: np.ndarray, ends: np.ndarray, lo: int, hi: int) -> int:
+    """Length in ns of the union of intervals, clipped to [lo, hi)."""
+    s, e = np.clip(starts, lo, hi), np.clip(ends, lo, hi)
+    ok = e > s
+    s, e = s[ok], e[ok]
+    if not len(s):
+        return 0
+    order = np.argsort(s, kind="stable")
+    s, e = s[order], e[order]
+    reach = np.maximum.accumulate(e)
+    first = np.r_[True, s[1:] > reach[:-1]]  # a new merged run starts where nothing before reaches it
+    starts_at = np.flatnonzero(first)
+    last = np.r_[starts_at[1:] - 1, len(s) - 1]
+    return int((reach[last] - s[starts_at]).sum())
+
+
+def _merged(s: np.ndarray, e: np.ndarray):
+    """The union of intervals as sorted, disjoint (starts, ends)."""
+    ok = e > s
+    s, e = s[ok], e[ok]
+    if not len(s):
+        return s, e
+    order = np.argsort(s, kind="stable")
+    s, e = s[order], e[order]
+    reach = np.maximum.accumulate(e)
+    first = np.flatnonzero(np.r_[True, s[1:] > reach[:-1]])
+    return s[first], reach[np.r_[first[1:] - 1, len(s) - 1]]
+
+
+def _covers(ms: np.ndarray, me: np.ndarray, points: np.ndarray) -> np.ndarray:
+    at = np.searchsorted(ms, points, side="right") - 1
+    return (at >= 0) & (me[np.maximum(at, 0)] > points)
+
+
+def _minus(s, e, tid, cs, ce, ct):
+    """Per thread, the parts of the (s, e) intervals that no (cs, ce) interval of the same thread covers."""
+    out_s, out_e = [], []
+    for t in np.unique(tid):
+        a_s, a_e = _merged(s[tid == t], e[tid == t])
+        b_s, b_e = _merged(cs[ct == t], ce[ct == t])
+        if not len(b_s):
+            out_s.append(a_s)
+            out_e.append(a_e)
+            continue
+        cuts = np.unique(np.concatenate([a_s, a_e, b_s, b_e]))
+        lo, hi = cuts[:-1], cuts[1:]
+        keep = _covers(a_s, a_e, lo) & ~_covers(b_s, b_e, lo)
+        out_s.append(lo[keep])
+        out_e.append(hi[keep])
+    if not out_s:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(out_s), np.concatenate(out_e)
+
+
+def _outermost(mask, start, end, tid) -> np.ndarray:
+    """The masked ranges not inside another masked range of their thread."""
+    idx = np.flatnonzero(mask)
+    inner = np.zeros(len(idx), bool)
+    for t in np.unique(tid[idx]):
+        mine = idx[tid[idx] == t]
+        order = mine[np.lexsort((-end[mine], start[mine]))]
+        reach = np.maximum.accumulate(end[order])
+        nested = np.r_[False, reach[:-1] >= end[order][1:]]
+        inner[np.searchsorted(idx, order[nested])] = True
+    out = np.zeros(len(mask), bool)
+    out[idx[~inner]] = True
+    return out
