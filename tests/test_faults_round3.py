@@ -121,6 +121,10 @@ def test_world_in_python_is_bounded_by_the_model(never_sharded):
     mlp = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
     with pytest.raises(UnsupportedLayout, match="largest parameter has rows"):
         flopcount.count(mlp, torch.randn(2, 8), world=10 ** 6)
+    with pytest.raises(UnsupportedLayout, match="a world of 1,000,000,000,000 ranks"):
+        flopcount.count(mlp, torch.randn(2, 8), world={"tp": 10 ** 12})
+    with pytest.raises(UnsupportedLayout, match="tensor parallel 32 splits no layer of Sequential"):
+        flopcount.count(mlp, torch.randn(2, 8), world={"tp": 32})
     # 600 parameter tensors of 5,000 rows: FSDP 5,000 would set up 3,000,000 shards
     with torch.device("meta"):
         stack = nn.Sequential(*[nn.Linear(4, 5000) for _ in range(300)])

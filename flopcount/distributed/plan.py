@@ -34,14 +34,23 @@ _STYLES = {"colwise", "rowwise", "colwise_rep", "colwise_gather_output", "embedd
 # FSDP2 makes one shard of every parameter tensor per rank when it is applied (about 50 us each here): parameter
 # tensors x FSDP degree past this take minutes before the step starts
 MAX_SHARDS = 1 << 20
+MAX_WORLD = 1 << 20
 
 
 def check_degrees(model: torch.nn.Module, layout: Layout) -> None:
     """Refuse, before anything is sharded, degrees the model cannot be split into: tensor parallel past its heads
     (or not dividing them), FSDP past the rows of its largest parameter (FSDP2 shards each parameter's first
     dimension: further ranks would hold nothing), or past what can be set up in a bounded time."""
+    if layout.world > MAX_WORLD:  # the fake group's mesh lists every rank
+        raise UnsupportedLayout(f"a world of {layout.world:,} ranks is past the {MAX_WORLD:,} flopcount lays out "
+                                "(more than any training job runs): count a smaller layout")
     if layout.tp > 1:
         _check_heads(model, layout.tp)
+        widest = max([m.out_features for m in model.modules() if isinstance(m, torch.nn.Linear)]
+                     + [m.num_embeddings for m in model.modules() if isinstance(m, torch.nn.Embedding)] + [0])
+        if layout.tp > widest:
+            raise UnsupportedLayout(f"tensor parallel {layout.tp:,} splits no layer of {type(model).__name__}: its "
+                                    f"widest Linear or Embedding has {widest:,} features or rows")
     if layout.fsdp == 1:
         return
     params = [(n, p) for n, p in model.named_parameters() if p.dim()]
