@@ -1,10 +1,9 @@
 """The collectives of a sharded count through ``main()``: ``--by collective`` (kind, group, calls, bytes sent per
 rank, the link and the time on it), a section under the default table, and ``--by family`` keeping the bytes sent
 over links apart from memory traffic."""
-import io
 import json
+import re
 
-import pandas as pd
 import pytest
 
 from flopcount.cli import main
@@ -32,9 +31,6 @@ def test_by_collective_has_kind_group_bytes_link_and_time(capsys):
     assert sum(r["sent"] for r in doc["collectives"]) == sum(
         r["bytes"] for r in doc["ops"] if r["family"] == "collective")
 
-    assert main(TP + ["--by", "collective"]) == 0
-    out = capsys.readouterr().out
-    assert "kind" in out and "all-reduce" in out and "--device-spec NAME adds the link" in out
 
 
 def test_the_default_table_has_a_section_of_collectives_and_family_keeps_them_apart(capsys):
@@ -42,15 +38,18 @@ def test_the_default_table_has_a_section_of_collectives_and_family_keeps_them_ap
     out = capsys.readouterr().out
     assert "collectives of this rank:" in out
     section = out[out.index("collectives of this rank:"):]
-    assert "all-reduce" in section and "tp" in section
+    header = next(line for line in section.splitlines() if line.startswith("kind"))
+    assert header.split()[:5] == ["kind", "group", "phase", "calls", "sent"]
+    assert "all-reduce" in section and "--device-spec NAME adds the link" in section
 
-    assert main(TP + ["--by", "family", "--format", "csv"]) == 0
-    fam = pd.read_csv(io.StringIO(capsys.readouterr().out)).set_index("family")
-    assert fam.loc["collective", "bytes"] == 0 and fam.loc["collective", "sent"] > FWD_SENT
-    assert (fam.drop("collective")["sent"] == 0).all()
     assert main(TP + ["--by", "family"]) == 0
     out = capsys.readouterr().out
     assert "sent over links" in out and "bytes: memory traffic" in out
+    cells = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines()
+             if line.startswith(("family", "collective "))]  # columns are 2 spaces apart; "8.19 k" is one cell
+    row = dict(zip(*cells))
+    # the collective row moves no memory: its bytes are 0, its FLOP/B unknown ("-"); what it sends is apart
+    assert (row["bytes"], row["FLOP/B"]) == ("0 B", "-") and row["sent over links"] != "0 B"
 
 
 def test_collective_options_need_a_sharded_count(capsys):

@@ -48,6 +48,13 @@ def test_an_output_under_a_file_is_refused_before_any_work(tmp_path, argv):
     assert (tmp_path / "notes.txt").read_text() == "kept"  # nothing already there is lost
 
 
+def test_a_study_folder_that_is_a_file_is_refused(tmp_path, capsys):
+    (tmp_path / "results").write_text("kept")
+    assert cli(["study", "--quick", "--out", str(tmp_path / "results")]) == 2
+    assert "is not a folder" in capsys.readouterr().err
+    assert (tmp_path / "results").read_text() == "kept"
+
+
 @pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes to any folder")
 def test_a_read_only_folder_is_refused(tmp_path, capsys):
     folder = tmp_path / "ro"

@@ -12,7 +12,7 @@ def add(sub) -> None:
     """Declare ``flopcount study`` and its arguments."""
     p = sub.add_parser("study", help="reproduce the 2021 P100 utilization study (same as python -m experiments.p100_study)")
     p.add_argument("--quick", action="store_true", help="a preset that finishes on a small CPU in minutes")
-    p.add_argument("--out", default="results/study", type=output_folder, help="output folder")
+    p.add_argument("--out", default="results/study", type=study_folder, help="output folder")
     p.add_argument("--models", default=None, help="comma-separated model names (default: the study's 13)")
     p.add_argument("--batch-sizes", default=None, help="comma-separated batch sizes (default: 1,64,128)")
     p.add_argument("--methods", default=None, help="timing methods, a subset of theory,one,batch,epoch")
@@ -34,6 +34,15 @@ def add(sub) -> None:
                    help="stop at once if another study is writing to OUT (default: wait for it to finish)")
     p.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
     add_format(p)
+
+
+def study_folder(text: str) -> str:
+    """The study's output folder, refused while the command line is read where it is a file or cannot be written."""
+    import os
+
+    if os.path.lexists(text) and not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text} is not a folder: the study writes a folder of results")
+    return output_folder(text)
 
 
 def run(args) -> int:

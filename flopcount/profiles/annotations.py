@@ -355,7 +355,7 @@ def trace_module_ranges(prof, module_ranges: Optional[str] = None) -> tuple:
 
 def load_trace(path, module_ranges: Optional[str] = None) -> Annotations:
     """``--by module`` of a torch.profiler trace. Its modules are PyTorch's own module events where it has them
-    (``with_stack``/``with_modules``, see ``module_events``; each backward op goes to its forward op's module),
+    (``with_stack=True``, see ``module_events``; each backward op goes to its forward op's module),
     else, or with ``module_ranges``, the user's record_function ranges (see ``trace_module_ranges``), where each
     op goes to the innermost one open on its own thread at its start. An op brings its FLOPs and its kernels'
     device time (its own CPU time in a trace without device activity); what runs outside every module is the
@@ -366,7 +366,7 @@ def load_trace(path, module_ranges: Optional[str] = None) -> Annotations:
     if module_ranges is None:
         rng, module_of = module_events(prof.path, prof.ranges)
     if module_of is not None:
-        notes = ["modules from PyTorch's module events (with_stack/with_modules), named by class and instance "
+        notes = ["modules from PyTorch's module events (with_stack=True), named by class and instance "
                  "(Sequential_1.Flatten_0; the model is the root): each forward op goes to the innermost module open at its start, each "
                  "backward op to the module of the forward op that made its autograd node"]
     else:

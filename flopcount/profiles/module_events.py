@@ -1,8 +1,9 @@
 """PyTorch's own module events in a torch.profiler trace, as module ranges for ``trace --by module``.
 
-A trace recorded with ``with_stack=True`` (or ``with_modules=True``) holds a ``python_function`` event for every
-module call, named ``nn.Module: Conv2d_0`` (the class and the profiler's number of that instance), nested in time
-on the thread that ran the forward, as TensorBoard and HTA read them. The model is the root ``""``, as in
+A trace recorded with ``with_stack=True`` holds a ``python_function`` event for every module call (``with_modules``
+records them only for TorchScript models, and is deprecated), named ``nn.Module: Conv2d_0`` (the class and the
+profiler's number of that instance), nested in time on the thread that ran the forward, as TensorBoard and HTA read
+them. The model is the root ``""``, as in
 ``flopcount count --by module``: the outermost module that ran longest, which also holds what ran outside every
 module (the loss, the optimizer). Every other module is named by the chain of events below the root, joined by
 dots (``Sequential_1.Flatten_0``), so that a submodule's path starts with its parent's, as a dotted module path
@@ -132,7 +133,7 @@ def module_charger(modules: pd.DataFrame, ranges: pd.DataFrame) -> Callable[[np.
 
 def module_events(path: str, ranges: pd.DataFrame) -> Tuple[pd.DataFrame, Optional[Callable]]:
     """(the module ranges of the trace at ``path``, the charger of its ops and kernels), or an empty frame and
-    None where the trace holds no module events (recorded without ``with_stack``/``with_modules``)."""
+    None where the trace holds no module events (recorded without ``with_stack=True``)."""
     from .kineto_trace import read_json
 
     modules = read_module_events(read_json(path), ranges)
