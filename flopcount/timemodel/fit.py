@@ -14,6 +14,7 @@ from typing import Dict, Sequence, Tuple
 import numpy as np
 import pandas as pd
 
+from ..errors import FlopcountError
 from .core import Params
 from .oncalls import modelled, predict_calls
 
@@ -43,7 +44,10 @@ def _distinct(calls: pd.DataFrame) -> Tuple[pd.DataFrame, np.ndarray]:
 
 def fit(profiles: Sequence[Tuple[pd.DataFrame, object]], start: Params = START) -> Params:
     """Parameters fitted on ``[(calls, spec), ...]`` (one vendor's profiles)."""
-    from scipy.optimize import least_squares
+    try:
+        from scipy.optimize import least_squares
+    except ImportError:
+        raise FlopcountError("fitting the time model needs scipy: pip install 'flopcount[fit]'") from None
 
     prepared = []
     for calls, spec in profiles:
