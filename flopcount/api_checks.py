@@ -54,6 +54,7 @@ def check_rate(name: str, value) -> None:
 
 
 def check_choice(name: str, value, choices) -> None:
+    """``value`` is one of the strings ``choices``; else one line naming them."""
     if not isinstance(value, str) or value not in choices:
         raise ArgumentError(f"{name} must be one of {', '.join(map(repr, choices))}, not {_short(value)}")
 
@@ -77,6 +78,7 @@ def check_callable(name: str, value) -> None:
 
 
 def check_bool(name: str, value) -> None:
+    """``value`` is ``True`` or ``False`` (not merely truthy)."""
     if not isinstance(value, bool):
         raise ArgumentError(f"{name} must be True or False, not {_short(value)}")
 

@@ -21,11 +21,13 @@ def add_options(p) -> None:
 
 
 def is_job(args) -> bool:
+    """Whether the command reads a job: more than one profile, a directory, or a glob that names no file."""
     target = args.profile
     return bool(args.more) or os.path.isdir(target) or (not os.path.exists(target) and glob.has_magic(target))
 
 
 def run(args) -> int:
+    """Run ``trace``/``nsys`` over every rank of a job and print the ranks, the job and its stragglers."""
     from ..profiles.job import read_job
 
     single = {"naive": False, "by": "op", "module_ranges": None, "compare_inductor": False, "predict": False}
@@ -49,6 +51,7 @@ def run(args) -> int:
 
 
 def job_table(job, top=None) -> str:
+    """The job as a table: a row per rank (its time split and MFU), the spread and the stragglers."""
     from . import render as R
 
     j = job.job

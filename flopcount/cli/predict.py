@@ -13,6 +13,7 @@ MODES = ("eager", "compiled", "graph")
 
 
 def add(sub) -> None:
+    """The ``predict`` command's parser: count's model and shape options, the device and the launch mode."""
     p = sub.add_parser("predict", help="predicted step time on a device (the fitted time model), per phase and op")
     add_model(p, tokens=True)
     p.add_argument("--device-spec", required=True, metavar="NAME", help="device name from `flopcount peaks`")
@@ -33,6 +34,7 @@ def add(sub) -> None:
 
 
 def run(args) -> int:
+    """Run ``flopcount predict``: count the step, price it on the device, print it as asked."""
     from ..timemodel.predict import from_spec
 
     pred = from_spec(args.model, args.device_spec, batch=args.batch, dtype=args.dtype, autocast=args.autocast,
@@ -51,6 +53,7 @@ def run(args) -> int:
 
 
 def predict_table(pred, table, by: str, top=None, width=None, color=None) -> str:
+    """The prediction as a table: the step and its phases in the title, then the rows of ``table``."""
     from . import render as R
 
     s = pred.summary()
@@ -121,6 +124,7 @@ def _lost(ops):
 
 
 def versus_table(v, profile: str, top=None, width=None, color=None) -> str:
+    """A profile's measured GPU time beside the predicted one, per op, and the ops that lose most."""
     from . import render as R
 
     s = v.summary()

@@ -35,15 +35,18 @@ PASS_THROUGH = frozenset({"aten::cudnn_convolution_backward"})
 
 @register("aten.cudnn_convolution_backward_input", family="conv")
 def cudnn_convolution_backward_input(self_size, grad_out, w, *_, out_shape=None, **__):
+    """PyTorch 1.x's cuDNN data gradient of a convolution: the input gradient alone."""
     return conv_backward_flops(grad_out, None, w, False, (True, False, False))
 
 
 @register("aten.cudnn_convolution_backward_weight", family="conv")
 def cudnn_convolution_backward_weight(weight_size, grad_out, x, *_, out_shape=None, **__):
+    """PyTorch 1.x's cuDNN weight gradient of a convolution: the weight gradient alone."""
     return conv_backward_flops(grad_out, x, weight_size, False, (False, True, False))
 
 
 @register("aten.cudnn_convolution_backward", family="conv")
 def cudnn_convolution_backward(x, grad_out, w, *args, out_shape=None, output_mask=(True, True), **__):
+    """PyTorch 1.x's cuDNN convolution backward: the gradients its output mask asks for (no bias)."""
     mask = list(args[7]) if len(args) > 7 and args[7] is not None else list(output_mask)
     return conv_backward_flops(grad_out, x, w, False, (mask[0], mask[1], False))

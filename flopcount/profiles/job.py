@@ -44,6 +44,7 @@ class JobError(FlopcountError):
 
 @dataclass
 class Job:
+    """A job's reading: one row per rank, the job's figures, its stragglers, and how it was read."""
     ranks: pd.DataFrame
     job: dict
     stragglers: pd.DataFrame
@@ -55,6 +56,7 @@ class Job:
     worker_cpu_s: dict = field(default_factory=dict)  # process id -> its CPU seconds when it read its last rank
 
     def to_dict(self) -> dict:
+        """The json document of ``trace``/``nsys`` over several ranks (``ranks``, ``job``, ``stragglers``)."""
         return {"profiles": self.paths, "ranks": _records(self.ranks), "job": self.job,
                 "stragglers": _records(self.stragglers), "notes": self.notes, "workers": self.workers,
                 "scheduler": self.scheduler, "reader_peak_bytes": self.reader_peak_bytes}
@@ -115,6 +117,7 @@ def decompressed_size(path: str) -> int:
 
 
 def available_memory() -> float:
+    """Bytes of memory available to new processes (MemAvailable), else half the machine's."""
     try:
         with open("/proc/meminfo") as fh:
             for line in fh:
@@ -141,6 +144,7 @@ def _task(path: str, rank: int, kind: str):
 
 
 def run_local(paths, ranks, kind: str, workers: int) -> list:
+    """Each rank's summary, read in ``workers`` local processes (in this one where it is 1)."""
     if workers <= 1:
         return [summarize(p, r, kind) for p, r in zip(paths, ranks)]
     import importlib
@@ -227,6 +231,7 @@ def peak_of(s, peak=None, device_spec=None):
 
 
 def combine(summaries, peak=None, device_spec=None) -> Job:
+    """The job from its ranks' summaries: each rank's MFU, the job's MFU and spread, the stragglers."""
     summaries = sorted(summaries, key=lambda s: s.rank)
     rows, notes = [], []
     for s in summaries:

@@ -93,6 +93,7 @@ def distributed_info(path: str, kind: str = "trace") -> dict:
 
 
 def distributed_rank(path: str, kind: str = "trace") -> Optional[int]:
+    """The rank a profile's distributed info names, or None."""
     rank = distributed_info(path, kind).get("rank")
     return rank if type(rank) is int and rank >= 0 else None
 

@@ -58,11 +58,13 @@ class Gemm:
 
     @property
     def flops(self) -> int:
+        """The product's FLOPs, 2 m n k per batch entry."""
         return 2 * self.m * self.n * self.k * self.batch
 
 
 @dataclass(frozen=True)
 class Tiling:
+    """How a matrix product is cut into output tiles over the SMs, and the time that gives."""
     tile: Tuple[int, int]
     tiles: int  # output tiles, splits of K included
     split_k: int
@@ -99,12 +101,14 @@ def tiling(g: Gemm, sms: int, peak: float, p: Params, tiles: Sequence[Tuple[int,
 
 @dataclass(frozen=True)
 class OpTime:
+    """An op's three times: its compute, its memory traffic and its kernels' floor."""
     compute: float
     memory: float
     floor: float
 
     @property
     def seconds(self) -> float:
+        """The op's predicted time: the largest of its three terms."""
         return max(self.compute, self.memory, self.floor)
 
     @property
@@ -164,6 +168,7 @@ class Step:
 
     @property
     def host_seconds(self) -> float:
+        """The host's time to launch the step's kernels."""
         return self.launches * self.host_launch_s
 
     @property
@@ -173,6 +178,7 @@ class Step:
 
     @property
     def host_bound(self) -> bool:
+        """Whether the host's launches outlast the GPU's work."""
         return self.host_seconds > self.gpu_seconds
 
 

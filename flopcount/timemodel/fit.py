@@ -104,6 +104,7 @@ def errors(calls: pd.DataFrame, spec, p: Params, by: str = "op") -> Dict[str, ob
 
 
 def summarize(pr: pd.DataFrame, by: str = "op") -> Dict[str, object]:
+    """The errors of predicted (and bare roofline) against measured times: per op or per call, and per family."""
     if by == "op":
         rows = pr.groupby(["op", "phase"], sort=False)[["measured_s", "predicted_s", "roofline_s"]].sum()
     else:
@@ -131,4 +132,5 @@ def _errs(rows: pd.DataFrame) -> Dict[str, float]:
 
 
 def as_json(p: Params) -> dict:
+    """The parameters as a json object of floats."""
     return {k: float(v) for k, v in asdict(p).items()}

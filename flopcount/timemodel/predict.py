@@ -41,6 +41,7 @@ class Predicted:
     peak_flops: float = math.nan
 
     def phase_steps(self) -> Dict[str, Step]:
+        """Each phase's GPU time and host launches."""
         out = {}
         for phase, g in self.ops.groupby("phase", sort=False):
             kernels = int(g["kernels"].sum())
@@ -51,12 +52,14 @@ class Predicted:
 
     @property
     def step(self) -> Step:
+        """The whole step's GPU time and host launches, over every phase."""
         steps = self.phase_steps().values()
         return Step(sum(s.gpu_seconds for s in steps), sum(s.launches for s in steps), self.params.host_launch_s,
                     self.mode)
 
     @property
     def seconds(self) -> float:
+        """The predicted step time: the longer of the GPU's work and the host's launches."""
         return self.step.seconds
 
     @property
@@ -69,6 +72,7 @@ class Predicted:
         return flops / self.seconds / self.peak_flops if self.seconds and self.peak_flops else math.nan
 
     def by(self, key: str = "op") -> pd.DataFrame:
+        """Predicted time per ``key`` (op, family or module) and phase, with the bound of its largest op."""
         g = self.ops.groupby([key, "phase"] if key != "phase" else ["phase"], sort=False).agg(
             flops=("flops", "sum"), bytes=("bytes", "sum"), calls=("calls", "sum"), kernels=("kernels", "sum"),
             roofline_s=("t_roofline", "sum"), predicted_s=("predicted_s", "sum"))
@@ -80,6 +84,7 @@ class Predicted:
         return g.sort_values("predicted_s", ascending=False, kind="stable")
 
     def summary(self) -> dict:
+        """The prediction's figures: the step, its phases, the bounds' shares and MFU."""
         st = self.step
         phases = {}
         for name, s in self.phase_steps().items():

@@ -28,6 +28,7 @@ def _packet(func) -> str:
 
 
 class ShapeLog(TorchDispatchMode):
+    """A dispatch mode that notes the shape of every matrix product a counted step runs."""
     def __init__(self):
         super().__init__()
         self.seen: Dict[Tuple[str, bool], Counter] = defaultdict(Counter)
@@ -63,4 +64,5 @@ def shapes_noted():
 
 
 def as_rates(log: ShapeLog) -> Dict[Tuple[str, bool], Dict[Gemm, int]]:
+    """The noted shapes as plain dictionaries: (op, run inside backward) -> {product: calls}."""
     return {k: dict(v) for k, v in log.seen.items()}

@@ -18,6 +18,7 @@ from .params import fit_summary, params_for
 
 @dataclass
 class Versus:
+    """A recorded profile's ops priced by the time model beside their measured GPU time."""
     analysis: object
     calls: pd.DataFrame  # per call, with the model's terms (oncalls.predict_calls)
     ops: pd.DataFrame  # per (op, phase): gpu_s, predicted_s, roofline_s, ratio, lost_s, bound
@@ -27,9 +28,11 @@ class Versus:
 
     @property
     def priced(self) -> pd.DataFrame:
+        """The ops the model predicts (those with FLOPs or bytes)."""
         return self.ops[self.ops["predicted_s"].notna()]
 
     def summary(self) -> dict:
+        """The step's sums measured and predicted, their error, the idle share and the model's own fit."""
         p = self.priced
         measured = float(p["priced_s"].sum())
         predicted = float(p["predicted_s"].sum())
