@@ -193,38 +193,40 @@ def combine(a: List[dict], b: List[dict], run: Run, keys: List[str]) -> List[dic
         row.update(zip(_INT_COLUMNS, nums))
         rows.append(row)
 
-    # in the order of count A; a middle block's rows stand for blocks 2..N-2, in the order they run (forward
-    # ones ascending, backward ones descending: a phase's rows of one block are contiguous)
-    seen_middle = set()
+    # in the order of count A; each stretch of a middle block's rows (of one phase, one after the other) stands
+    # for blocks 2..N-2 in the order they run (forward ones ascending, backward ones descending)
+    segment: List[tuple] = []
+
+    def flush():
+        if segment:
+            order = range(n - 2, 1, -1) if segment[0][0] in _BACKWARD else range(2, n - 1)
+            for p in order:
+                for _, kk in segment:
+                    emit(p, kk, blocks_a[2][kk])
+            segment.clear()
+
     for r in a:
         pos, rest = _place(r["module"], prefix)
         k = (rest,) + tuple(r[c] for c in keys if c != "module")
-        if pos is None:
+        if pos == 2 and (not segment or segment[0][0] == r["phase"]):
+            segment.append((r["phase"], k))
+            continue
+        flush()
+        if pos == 2:
+            segment.append((r["phase"], k))
+        elif pos is None:
             d = tuple(x - y for x, y in zip(out_a[k], out_b.get(k, (0, 0, 0))))
             nums = tuple(x + extra * y for x, y in zip(out_a[k], d))
             if any(v < 0 for v in nums):
                 raise Mismatch("a row outside the blocks shrinks with more blocks")
             emit(None, k, nums)
-        elif pos == 2:
-            group = r["phase"]
-            if group in seen_middle:
-                continue
-            seen_middle.add(group)
-            order = range(n - 2, 1, -1) if group in _BACKWARD else range(2, n - 1)
-            mine = [(kk, v) for kk, v in blocks_a[2].items() if _phase_of(kk, keys) == group]
-            for p in order:
-                for kk, v in mine:
-                    emit(p, kk, v)
         else:
             emit(n - 1 if pos == 3 else pos, k, blocks_a[pos][k])
+    flush()
     missing = set(out_b) - set(out_a)
     if missing:
         raise Mismatch("a row outside the blocks only with fewer blocks")
     return rows
-
-
-def _phase_of(k: tuple, keys: List[str]) -> str:
-    return k[[c for c in keys if c != "module"].index("phase") + 1]
 
 
 def expand_paths(values: Dict[str, object], run: Run, keep: List[int]) -> Dict[str, object]:
