@@ -135,8 +135,10 @@ def _blocks_once(model, inputs, step: dict) -> Optional[FlopReport]:
 def whole_report(model, run, a: FlopReport, rows: list) -> FlopReport:
     """The report of the whole model from count A's and the combined rows (``blocks.scaled``)."""
     meta = dict(a.meta)
-    meta.update(params=owned_params(model), module_types=_module_types(model),
-                module_outputs=blocks.expand_paths(a.meta.get("module_outputs", {}), run, blocks.KEEP_A(run.n)))
+    keep = blocks.KEEP_A(run.n)
+    meta.update(params=owned_params(model),
+                module_types=blocks.expand_paths(a.meta.get("module_types", {}), run, keep),
+                module_outputs=blocks.expand_paths(a.meta.get("module_outputs", {}), run, keep))
     meta.pop("tied", None)
     meta.update(_tied(model))
     return FlopReport.from_rows(rows, model=a.model, batch_size=a.batch_size, estimator=a.estimator,

@@ -23,7 +23,7 @@ from ..report import FlopReport
 from ..step import batch_size_of, tokens_of
 from .device import Prediction, predict
 from .phases import FORWARD, PHASES
-from .stretches import Decoder, NotAffine, cache_jumpable, stretches, windows_of
+from .stretches import Decoder, NotAffine, by_stretches, cache_jumpable, stretches, windows_of
 
 LOGITS = ("last", "all")  # which positions' logits the prefill computes
 KV_CACHE = "(kv cache)"  # the pseudo-module of the ops a cache runs to store new entries, under its attention module
@@ -136,7 +136,7 @@ def generate_cost(model: torch.nn.Module, prompt_len: int, new_tokens: int, batc
         raise GenerationError(f"a prompt of {prompt_len} and {new_tokens} new tokens needs {prompt_len + new_tokens - 1} "
                               f"positions; {name} has {limit}")
     settings = dict(device=str(device), as_device=as_device, logits=logits, name=name, progress=progress,
-                    remember=remember, seed=seed, every_step=every_step or str(device) != "meta")
+                    remember=remember, seed=seed, every_step=every_step or str(device) != "meta" or not by_stretches())
     if str(device) == "meta":
         whole = _blocks_once(model, prompt_len, new_tokens, batch, settings)
         if whole is not None:

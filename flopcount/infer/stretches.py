@@ -16,16 +16,35 @@ path). So the decode is cut into stretches at every step within two of a window'
   and the caller counts every step instead;
 * the steps between are added as the exact integer sums of the affine form, and their per-step records likewise.
 
-``every_step`` (the CLI's ``--every-step``) counts every step, today's path. Only transformers' ``DynamicLayer``
+``every_step=True`` (or the ``every_step()`` block, the CLI's ``--every-step``) counts every step, today's path. Only transformers' ``DynamicLayer``
 and ``DynamicSlidingWindowLayer`` caches are advanced; any other cache counts every step.
 """
 from __future__ import annotations
 
+import threading
+from contextlib import contextmanager
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 MIN_STRETCH = 8  # a shorter stretch is counted step by step (it would save little)
 ALIGN = 64  # a check step at a context that is a multiple of this, where the stretch holds one
 NUMERIC = ("flops", "bytes", "op_bytes", "weights", "kv_read", "kv_written", "other")
+
+
+_state = threading.local()
+
+
+@contextmanager
+def every_step():
+    """Count every decode step inside this block (the CLI's ``--every-step``)."""
+    _state.whole = getattr(_state, "whole", 0) + 1
+    try:
+        yield
+    finally:
+        _state.whole -= 1
+
+
+def by_stretches() -> bool:
+    return not getattr(_state, "whole", 0)
 
 
 class NotAffine(Exception):
