@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from .. import formulas
+from ..formulas import schemas as schema_table
 from ..report import FlopReport
 from . import compiled, markers
 from .marker_flops import STATUS, op_flops
@@ -95,28 +96,10 @@ class Analysis:
         return float(f["gpu_s"].sum())
 
 
-@lru_cache(maxsize=None)
 def is_composite(name: str) -> bool:
-    """Whether every overload of aten op ``name`` is implemented by calling other ops above autograd."""
-    import torch
-
-    try:
-        schemas = torch._C._jit_get_schemas_for_operator(name)
-    except Exception:
-        return False
-    has = torch._C._dispatch_has_kernel_for_dispatch_key
-    seen = False
-    for s in schemas:
-        if s.overload_name.endswith("out"):
-            continue
-        full = name + ("." + s.overload_name if s.overload_name else "")
-        try:
-            if not has(full, "CompositeImplicitAutograd"):
-                return False
-            seen = True
-        except Exception:
-            continue
-    return seen
+    """Whether every overload of aten op ``name`` is implemented by calling other ops above autograd (from the
+    generated table, ``formulas/schemas.py``: no import of torch)."""
+    return schema_table.is_composite(name)
 
 
 def per_name(names: np.ndarray, fn, dtype=object) -> np.ndarray:
