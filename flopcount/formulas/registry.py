@@ -106,4 +106,8 @@ def existing(*names: str) -> list:
     generated table where it is this torch's (``schemas.py``: no import of torch)."""
     from .schemas import exists
 
+    ASKED.update(names)
     return [f"aten.{n}" for n in names if exists(n)]
+
+
+ASKED: set = set()  # every name ``existing`` was asked about (a test checks the table's answers against torch)

@@ -3,7 +3,7 @@ schemas of those the formula table prices, and which are composite (implemented 
 
 A profile is priced from its op names and argument sizes (``profiles/marker_args.py``), which needs each op's
 schema, and de-duplicated by whether an op is composite (``profiles/dedup.py``): both are facts of the torch build,
-read here from ``data/aten_ops.json``, generated from torch (``python -m flopcount.formulas.schemas``) and checked
+read here from ``data/aten_ops.json``, generated from torch (``python -m flopcount.formulas.schemas_gen``) and checked
 against the installed torch by ``tests/test_aten_schemas.py``. The file is used only when the installed torch is
 the version it was generated from (read from the package's metadata, without importing it); otherwise, and for an
 op the file does not hold (a formula a user registered, an op of a newer torch), torch answers.
@@ -21,7 +21,7 @@ NO_DEFAULT = object()  # an argument without a default in its schema
 
 
 @lru_cache(maxsize=None)
-def _installed_torch() -> Optional[str]:
+def installed_torch() -> Optional[str]:
     """The installed torch's version as its package metadata says (``2.14.1``), read without importing it."""
     try:
         from importlib.metadata import version
@@ -39,7 +39,7 @@ def table() -> Optional[dict]:
         doc = json.loads(DATA.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if doc.get("torch") != _installed_torch():
+    if doc.get("torch") != installed_torch():
         return None
     doc["ops"] = frozenset(doc["ops"])
     doc["composite"] = frozenset(doc["composite"])
@@ -69,7 +69,7 @@ def schemas(name: str, with_out: bool = False) -> tuple:
         known = doc["schemas"].get(name)
         if known is not None:
             return tuple(_decode(args) for is_out, args in known if bool(is_out) == with_out)
-    return tuple(_decode(args) for is_out, args in _from_torch(name) if bool(is_out) == with_out)
+    return tuple(_decode(args) for is_out, args in from_torch(name) if bool(is_out) == with_out)
 
 
 @lru_cache(maxsize=None)
@@ -83,7 +83,7 @@ def is_composite(name: str) -> bool:
 
 
 # --- from torch ---------------------------------------------------------------------------------------------------
-def _from_torch(name: str) -> list:
+def from_torch(name: str) -> list:
     """[[is_out, args], ...] of op ``name``, args as the file keeps them: [name, type, kwarg_only(, default)]."""
     import torch
 
@@ -104,7 +104,7 @@ def _from_torch(name: str) -> list:
     return out
 
 
-def _composite_from_torch(name: str) -> bool:
+def composite_from_torch(name: str) -> bool:
     import torch
 
     try:
@@ -124,29 +124,3 @@ def _composite_from_torch(name: str) -> bool:
         except Exception:
             continue
     return seen
-
-
-def generate() -> dict:
-    """The table from the installed torch: every aten op's name, the composite ones, and the schemas of the ops
-    the formula table prices."""
-    import torch
-
-    from . import FLOP_FORMULAS
-
-    names = sorted({s.name.split("::", 1)[1] for s in torch._C._jit_get_all_schemas() if s.name.startswith("aten::")})
-    names = [n for n in names if hasattr(torch.ops.aten, n)]
-    composite = [f"aten::{n}" for n in names if _composite_from_torch(f"aten::{n}")]
-    priced = sorted(n.replace(".", "::", 1) for n in FLOP_FORMULAS if n.startswith("aten."))
-    return {"torch": _installed_torch(), "ops": names, "composite": composite,
-            "schemas": {n: _from_torch(n) for n in priced}}
-
-
-def main() -> None:
-    doc = generate()
-    DATA.write_text(json.dumps(doc, separators=(",", ":"), sort_keys=True) + "\n", encoding="utf-8")
-    print(f"{DATA.name}: {len(doc['ops'])} ops, {len(doc['composite'])} composite, {len(doc['schemas'])} schemas "
-          f"(torch {doc['torch']})")
-
-
-if __name__ == "__main__":
-    main()
