@@ -39,6 +39,11 @@ def test_schemas_and_composite_as_torch_gives_them(op):
     assert schemas.is_composite(op) == schemas.composite_from_torch(op)
 
 
+def test_an_op_the_table_lacks_is_asked_of_torch():
+    assert schemas.is_composite("aten::no_such_op") is False and schemas.schemas("aten::no_such_op") == ()
+    assert schemas.is_composite("myns::custom") is False
+
+
 def test_shapes_without_torch_price_as_torch_sizes_do():
     for shapes in ([(2, 1, 4), (3, 1)], [(5,), ()], [(0, 1), (1, 7)], [(2, 3), (2, 3)]):
         assert tuple(broadcast_shapes(shapes)) == tuple(torch.broadcast_shapes(*shapes))

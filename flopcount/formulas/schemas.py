@@ -79,7 +79,7 @@ def is_composite(name: str) -> bool:
     doc = table()
     if doc is not None and name.split("::", 1)[-1] in doc["ops"]:
         return name in doc["composite"]
-    return _composite_from_torch(name)
+    return composite_from_torch(name)
 
 
 # --- from torch ---------------------------------------------------------------------------------------------------
