@@ -47,3 +47,9 @@ def test_kineto_parse_prints_its_ratio_to_json_load():
     assert "generated a trace of 3,000 events" in out
     assert re.search(r"load / json\.load = \d+\.\d\dx, analyze / json\.load = \d+\.\d\dx", out)
     assert "target not judged" in out
+
+
+def test_trace_speed_prints_its_cpu_ratio_to_orjson():
+    out = run_benchmark("trace_speed.py", "--events", "3000", "--repeat", "1")
+    assert "generated 3,000 events" in out
+    assert re.search(r"flopcount / floor: \d+\.\d\dx CPU \(per round \d+\.\d\d-\d+\.\d\d\)", out), out
