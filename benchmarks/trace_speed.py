@@ -6,7 +6,8 @@ kernels, repeated) at 1,000,000 events by default, gzipped as torch.profiler wri
 
 Each contender runs in a fresh process, ``--repeat`` times, interleaved (flopcount, floor, flopcount, ...); CPU
 time is the child's user + system time read from ``getrusage(RUSAGE_CHILDREN)`` around it, start-up included, and
-wall time around it too. The file is read once before any timing (the page cache is warm for both).
+wall time around it too. The file is read once before any timing (the page cache is warm for both), and
+flopcount's modules are byte-compiled once before it (as an installed package is).
 
 * ``flopcount``: ``python -m flopcount trace TRACE --format csv``, output discarded (torch is not imported:
   ``formulas/schemas.py``).
@@ -29,7 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from kineto_parse import write_trace  # noqa: E402
-from nsys_speed import load, spread, timed  # noqa: E402
+from nsys_speed import compiled_env, load, spread, timed  # noqa: E402
 
 FLOOR = r"""
 import gzip, resource, sys, time
@@ -51,9 +52,9 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--trace", default=None, help="use (or write, where absent) the trace at this path")
     a = p.parse_args(argv)
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     print(f"machine: {os.cpu_count()} CPUs, load average {load()} at the start")
     with tempfile.TemporaryDirectory() as tmp:
+        env = compiled_env()
         path = a.trace or os.path.join(tmp, "trace.json.gz")
         if not os.path.exists(path):
             t = time.perf_counter()
