@@ -17,13 +17,14 @@ from ..device_spec import DeviceSpec
 from ..dtypes import dtype_name
 from ..errors import GenerationError, model_errors
 from ..estimators import blocks, fallback
-from ..estimators.dispatch import aside, count_step, counting, owned_params, rows_of
+from ..estimators.dispatch import count_step, counting, owned_params, rows_of
 from ..model_calls import preserved
 from ..report import FlopReport
 from ..step import batch_size_of, tokens_of
 from .device import Prediction, predict
 from .phases import FORWARD, PHASES
-from .stretches import Decoder, NotAffine, by_stretches, cache_jumpable, stretches, windows_of
+from .stretches import (Decoder, NotAffine, add_rows, advance, by_stretches, cache_jumpable, snapshot, stretches,
+                        windows_of)
 
 LOGITS = ("last", "all")  # which positions' logits the prefill computes
 KV_CACHE = "(kv cache)"  # the pseudo-module of the ops a cache runs to store new entries, under its attention module
@@ -214,8 +215,8 @@ def _generate(model, prompt_len: int, new_tokens: int, batch: int, *, device: st
             return records.pop()
 
         if new_tokens > 1 and not every_step and cache_jumpable(cache):
-            decoder = Decoder(decode, lambda: _snapshot(counter, state), lambda n: _advance(cache, feed, n),
-                              lambda name, rows: _add(counter, state, name, rows))
+            decoder = Decoder(decode, lambda: snapshot(counter, state), lambda n: advance(cache, feed, n),
+                              lambda name, rows: add_rows(counter, state, name, rows))
             plan = stretches(1, new_tokens - 1, prompt_len, windows_of(cache, text))
             try:
                 records += decoder.run(plan, prompt_len)
@@ -246,36 +247,6 @@ def _generate(model, prompt_len: int, new_tokens: int, batch: int, *, device: st
     return Generation(report=report, traffic=traffic, steps=steps_frame, model=name, batch=batch,
                       prompt_len=prompt_len, new_tokens=new_tokens, dtype=dtype_name(dtype), device=str(device),
                       as_device=as_device, notes=notes)
-
-
-def _snapshot(counter, state) -> dict:
-    return {"rows": {k: tuple(v) for k, v in counter.rows.items()},
-            "updates": {k: tuple(v) for k, v in state.updates.items()}}
-
-
-def _add(counter, state, name: str, rows: dict) -> None:
-    """Computed steps' sums (``stretches.Decoder``) added to the counter's rows or the cache's writes."""
-    table = counter.rows if name == "rows" else state.updates
-    for k, v in rows.items():
-        acc = table.get(k)
-        if acc is None:
-            acc = table[k] = [0] * len(v)
-        for i, x in enumerate(v):
-            acc[i] += x
-
-
-def _advance(cache, feed, n: int) -> None:
-    """The cache and the feed ``n`` decode steps on, without counting: each cache layer in use given ``n`` new
-    entries at once (``stretches.cache_jumpable``: the same state as ``n`` steps of one)."""
-    with aside():
-        for layer in cache.layers:
-            if not getattr(layer, "is_initialized", False):
-                continue  # a layer no block updates (blocks.py's cut-down counts)
-            k, v = layer.keys, layer.values
-            shape = (k.shape[0], k.shape[1], n, k.shape[3])
-            layer.update(torch.empty(shape, dtype=k.dtype, device=k.device),
-                         torch.empty((v.shape[0], v.shape[1], n, v.shape[3]), dtype=v.dtype, device=v.device))
-    feed.length += n
 
 
 @contextmanager

@@ -25,6 +25,10 @@ import threading
 from contextlib import contextmanager
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
+import torch
+
+from ..estimators.dispatch import aside
+
 MIN_STRETCH = 8  # a shorter stretch is counted step by step (it would save little)
 ALIGN = 64  # a check step at a context that is a multiple of this, where the stretch holds one
 NUMERIC = ("flops", "bytes", "op_bytes", "weights", "kv_read", "kv_written", "other")
@@ -189,3 +193,35 @@ class Decoder:
             for c in NUMERIC:
                 record[c] = int(r0[c]) + (t - s) * per[(c,)][0]
             self.records.append(record)
+
+
+# --- a generation's state, for generation.py -----------------------------------------------------------------------
+def snapshot(counter, state) -> dict:
+    """A generation's accumulated rows (the counter's and the cache's writes), as ``Decoder`` compares them."""
+    return {"rows": {k: tuple(v) for k, v in counter.rows.items()},
+            "updates": {k: tuple(v) for k, v in state.updates.items()}}
+
+
+def add_rows(counter, state, name: str, rows: dict) -> None:
+    """Computed steps' sums (``stretches.Decoder``) added to the counter's rows or the cache's writes."""
+    table = counter.rows if name == "rows" else state.updates
+    for k, v in rows.items():
+        acc = table.get(k)
+        if acc is None:
+            acc = table[k] = [0] * len(v)
+        for i, x in enumerate(v):
+            acc[i] += x
+
+
+def advance(cache, feed, n: int) -> None:
+    """The cache and the feed ``n`` decode steps on, without counting: each cache layer in use given ``n`` new
+    entries at once (``stretches.cache_jumpable``: the same state as ``n`` steps of one)."""
+    with aside():
+        for layer in cache.layers:
+            if not getattr(layer, "is_initialized", False):
+                continue  # a layer no block updates (blocks.py's cut-down counts)
+            k, v = layer.keys, layer.values
+            shape = (k.shape[0], k.shape[1], n, k.shape[3])
+            layer.update(torch.empty(shape, dtype=k.dtype, device=k.device),
+                         torch.empty((v.shape[0], v.shape[1], n, v.shape[3]), dtype=v.dtype, device=v.device))
+    feed.length += n
