@@ -43,6 +43,7 @@ def test_training_count_equals_every_block():
     assert len(q) == 6 and set(q["flops"]) == {2 * 32 * 64 * 64}
 
 
+@pytest.mark.slow
 def test_405b_widths_four_and_six_layers(monkeypatch):
     """The Llama-3-405B widths (hidden 16384, MLP 53248, 128/8 heads), a short sequence: six layers (blocks 3 and 4
     computed from block 2), and four with the run's minimum lowered (blocks proved, nothing computed)."""
@@ -107,6 +108,7 @@ def test_a_failed_proof_counts_every_block():
     assert int(layers["flops"].sum()) == 8 * (2 * 4 * 8 * 8 + 4 * 8) + 2 * 4 * 8
 
 
+@pytest.mark.slow
 def test_sharded_count_equals_every_block():
     model = llama(6)
     ids = torch.zeros(1, 16, dtype=torch.long)
