@@ -18,6 +18,9 @@ How, and why it is exact:
   of count A against the same blocks of count B (a block's rows do not depend on how many blocks came before).
   A block whose ops depend on anything else than what the run's test holds equal (its inputs' metadata, its
   settings) would show there; if any check fails the step is counted with every block, and the notes say why.
+* What the proof does not see: ops the parent runs between its blocks that depend on a block's number (a loop
+  ``if i % 2: ...`` outside the blocks) are taken as growing by the same amount per block (A - B); a model whose
+  loop does that must be counted with ``every_block()``.
 * The whole: block ``k`` of ``3..N-2`` has block 2's rows under its own path (``--by module`` lists
   ``model.layers.7.self_attn`` as a full count does), blocks 0, 1 and ``N-1`` their own, and every row outside the
   blocks A + (N - 4) x (A - B), an exact integer.
