@@ -33,6 +33,7 @@ def peer_rounds(rounds: int, steps: int, layers: int, prompt: int, batch: int):
     import transformers
     from torch.utils.flop_counter import FlopCounterMode
 
+    from flopcount.estimators.blocks import every_block
     from flopcount.infer import generate_cost
 
     transformers.utils.logging.set_verbosity_error()
@@ -50,7 +51,9 @@ def peer_rounds(rounds: int, steps: int, layers: int, prompt: int, batch: int):
             yield from steps_
             spent.append(time.perf_counter() - start)
 
-        generate_cost(model, prompt, n + 1, batch, as_device="cuda", remember=remember, progress=clocked)
+        with every_block():  # the per-step path (every layer, every step): its cost per decode step
+            generate_cost(model, prompt, n + 1, batch, as_device="cuda", remember=remember, progress=clocked,
+                          every_step=True)
         return spent[0] / n
 
     def flop_counter(n):

@@ -7,7 +7,8 @@ two threads; the leaves launch the kernels), at 1,250,000 ranges and 750,000 ker
 Each contender runs in a fresh process, ``--repeat`` times, interleaved (flopcount, floor, loop, flopcount, ...)
 so that all of them meet the machine in the same states; CPU time is the child's user + system time (its threads
 included), read from ``getrusage(RUSAGE_CHILDREN)`` around each run, and wall time is measured around it too.
-The file is read once before any timing (the page cache is warm for everyone).
+The file is read once before any timing (the page cache is warm for everyone), and flopcount's modules are
+byte-compiled once before it (as an installed package is), also where the environment writes no bytecode.
 
 * ``flopcount``: ``python -m flopcount nsys EXPORT --format csv``, output discarded.
 * ``floor``: a Python process that imports the ADBC driver and pyarrow and runs the reader's three queries (the
@@ -112,6 +113,17 @@ def timed(cmd, env=None, stdout=subprocess.PIPE) -> dict:
     return {"wall": wall, "cpu": cpu, "out": res.stdout if stdout is subprocess.PIPE else ""}
 
 
+def compiled_env() -> dict:
+    """The children's environment: this checkout first on the path, its modules byte-compiled once beforehand (as
+    an installed package is at its install), so that no run pays for compiling them, also where the environment
+    says not to write bytecode."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPATH"] = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
+    subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.join(ROOT, "flopcount")], env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+    return env
+
+
 def spread(values, unit="s") -> str:
     return f"median {statistics.median(values):.2f} {unit} ({min(values):.2f}-{max(values):.2f})"
 
@@ -130,9 +142,9 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.ranges < 4 or a.kernels < 1 or a.repeat < 1:
         p.error("--ranges >= 4, --kernels >= 1, --repeat >= 1")
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     print(f"machine: {os.cpu_count()} CPUs, load average {load()} at the start")
     with tempfile.TemporaryDirectory() as tmp:
+        env = compiled_env()
         path = a.export or os.path.join(tmp, "bench.sqlite")
         if not os.path.exists(path):
             t = time.perf_counter()
@@ -177,7 +189,7 @@ def main(argv=None) -> int:
     medw = {k: statistics.median(r["wall"] for r in v) for k, v in runs.items()}
     print(f"loop / flopcount: {med['loop'] / med['flopcount']:.2f}x CPU, {medw['loop'] / medw['flopcount']:.2f}x wall "
           f"(goal >= 10x CPU); flopcount / floor: {med['flopcount'] / med['floor']:.2f}x CPU, "
-          f"{medw['flopcount'] / medw['floor']:.2f}x wall (goal <= 3x CPU)")
+          f"{medw['flopcount'] / medw['floor']:.2f}x wall (goal <= 2x CPU)")
     print(f"machine: load average {load()} at the end")
     if a.json:
         with open(a.json, "w") as fh:

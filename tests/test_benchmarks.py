@@ -58,3 +58,7 @@ def test_job_read_gives_one_report_from_every_mode():
     out = run_benchmark("job_read.py", "--ranks", "16", "--runs", "1")
     assert re.search(r"^1 worker .*\n2 workers .*\n4 workers ", out, re.M), out
     assert "PASS (ranks, job and stragglers equal across every mode and run)" in out, out
+def test_trace_speed_prints_its_cpu_ratio_to_orjson():
+    out = run_benchmark("trace_speed.py", "--events", "3000", "--repeat", "1")
+    assert "generated 3,000 events" in out
+    assert re.search(r"flopcount / floor: \d+\.\d\dx CPU \(per round \d+\.\d\d-\d+\.\d\d\)", out), out

@@ -40,6 +40,13 @@ def test_infer_speed_counts_the_llama_shaped_generation():
     assert "(2 decode steps)" in line and " 0 uncounted ops" in line
 
 
+@pytest.mark.slow
+def test_plan_speed_counts_the_405b_shape_exactly():
+    pytest.importorskip("transformers")
+    out = run("plan_speed.py", "--cases", "train405b", "--repeat", "1")
+    assert re.search(r"train405b +median \d+\.\d\d s .* +\d+ +True", out), out
+
+
 def test_torchvision_table_writes_rows_with_reasons(tmp_path):
     out_csv = tmp_path / "t.csv"
     out = run("torchvision_table.py", "--out", str(out_csv), "--models", "resnet18,fcn_resnet50")

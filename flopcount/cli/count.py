@@ -40,6 +40,8 @@ def add(sub) -> None:
                         "note)")
     p.add_argument("--check-scaling", action="store_true",
                    help="also count at batch 1 and list every op whose FLOPs are not exactly batch x batch-1")
+    p.add_argument("--every-block", action="store_true",
+                   help="count every layer (default: a run of identical layers counted once, exact and checked)")
     add_parallel(p)
     add_format(p)
 
@@ -53,6 +55,7 @@ def run(args) -> int:
     from ..models_hf import is_hf
     from ..progress import counting
     from ..scaling import check_scaling
+    from .infer import whole_counts
 
     if args.by is None:
         args.by = "module" if args.depth is not None else "op"
@@ -78,7 +81,8 @@ def run(args) -> int:
     options = {"as_device": args.as_device} if args.as_device != "cpu" else {}
     if world is not None:
         options["world"] = world
-    with model_errors(name, inputs), counting(f"counting {name}", wanted=not args.no_progress):
+    with model_errors(name, inputs), counting(f"counting {name}", wanted=not args.no_progress), \
+            whole_counts(args):
         report = count(model, inputs, estimator=args.estimator, backward=not args.no_backward, device=args.device,
                        **options)
         mismatches = None

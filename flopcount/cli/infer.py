@@ -52,6 +52,10 @@ def add(sub) -> None:
     p.add_argument("--by", choices=("phase", "step", "family", "op", "module"), default="phase",
                    help="table: per phase (default), per forward, or per op family, op or module and phase")
     p.add_argument("--depth", type=natural_int, default=None, help="--by module: only modules down to this depth")
+    p.add_argument("--every-step", action="store_true",
+                   help="count every decode step (default: each stretch's affine form, exact and checked)")
+    p.add_argument("--every-block", action="store_true",
+                   help="count every layer (default: a run of identical layers counted once, exact and checked)")
     add_top(p)
     add_all(p)
     add_format(p)
@@ -65,10 +69,11 @@ def run(args) -> int:
 
     bar = lambda steps: tqdm(steps, desc="decode steps", unit="step", file=sys.stderr, leave=False,  # noqa: E731
                              disable=None)
-    result = from_spec(args.model, prompt_len=args.prompt, new_tokens=args.new, batch=args.batch, dtype=args.dtype,
-                       device=args.device, device_spec=args.device_spec, as_device=args.as_device,
-                       measured_tokens_per_s=args.measured_tokens_per_s, measured_ttft=args.measured_ttft,
-                       runs=args.runs, logits=args.logits, progress=bar)
+    with whole_counts(args):
+        result = from_spec(args.model, prompt_len=args.prompt, new_tokens=args.new, batch=args.batch,
+                           dtype=args.dtype, device=args.device, device_spec=args.device_spec,
+                           as_device=args.as_device, measured_tokens_per_s=args.measured_tokens_per_s,
+                           measured_ttft=args.measured_ttft, runs=args.runs, logits=args.logits, progress=bar)
     gen = result.generation
     timed = None
     if args.device_spec and result.prediction is not None:  # the time model beside the roofline
@@ -101,6 +106,20 @@ def run(args) -> int:
     if result.prediction is None:
         print(NO_DEVICE)
     return EXIT_OK
+
+
+def whole_counts(args):
+    """The context the flags ``--every-step`` and ``--every-block`` ask for: every decode step, every layer."""
+    from contextlib import ExitStack
+
+    stack = ExitStack()
+    if getattr(args, "every_step", False):
+        from ..infer.stretches import every_step
+        stack.enter_context(every_step())
+    if getattr(args, "every_block", False):
+        from ..estimators.blocks import every_block
+        stack.enter_context(every_block())
+    return stack
 
 
 def _frame(gen, by: str, depth=None):

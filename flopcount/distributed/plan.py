@@ -111,22 +111,50 @@ def _matches(model, pattern: str) -> List[Tuple[str, torch.nn.Module]]:
                                                                  zip(name.split("."), atoms))]
 
 
-def _tied(model, module) -> bool:
-    """Whether ``module``'s weight is shared with another module (an LM head tied to the input embeddings):
-    sharding it one way would break the tie."""
+def _shared_weights(model) -> set:
+    """The ids of the weights more than one module holds (an LM head tied to the input embeddings): sharding
+    one of them one way would break the tie."""
+    seen, shared = set(), set()
+    for m in model.modules():
+        weight = getattr(m, "weight", None)
+        if isinstance(weight, torch.Tensor):
+            (shared if id(weight) in seen else seen).add(id(weight))
+    return shared
+
+
+def _tied(shared: set, module) -> bool:
     weight = getattr(module, "weight", None)
-    return weight is not None and sum(getattr(m, "weight", None) is weight for m in model.modules()) > 1
+    return weight is not None and id(weight) in shared
+
+
+def plan_notes(model: torch.nn.Module, layout: Layout) -> List[str]:
+    """The notes ``parallelize`` would give, without sharding anything (a count of fewer layers standing for
+    the whole model says what the whole one would be)."""
+    notes = tensor_parallel_modules(model, layout)[1] if layout.tp > 1 else []
+    if layout.fsdp > 1:
+        notes.append(_fsdp_note(layout.fsdp, repeated_blocks(model), layout.reshard_after_forward))
+    return notes
 
 
 def apply_tensor_parallel(model: torch.nn.Module, mesh, layout: Layout) -> List[str]:
     """Split ``model``'s linears column- and row-wise over the mesh's TP dimension (torchtitan's Llama plan); return
     what was split."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    plan, notes = tensor_parallel_modules(model, layout)
+    parallelize_module(model, mesh, plan)
+    return notes
+
+
+def tensor_parallel_modules(model: torch.nn.Module, layout: Layout) -> Tuple[dict, List[str]]:
+    """(module path -> its parallel style, notes): the tensor-parallel plan checked against the model."""
     from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     degree = layout.tp
     _check_heads(model, degree)
     plan, notes = {}, []
+    shared = _shared_weights(model)
     for pattern, style in tensor_parallel_plan(model, layout).items():
         if style not in _STYLES:
             raise UnsupportedLayout(f"tensor-parallel style {style!r} of {pattern} is not supported (column- and "
@@ -137,7 +165,7 @@ def apply_tensor_parallel(model: torch.nn.Module, mesh, layout: Layout) -> List[
             if not isinstance(module, kind):
                 raise UnsupportedLayout(f"tensor parallel: {name} is a {type(module).__name__}, not an "
                                         f"{kind.__name__} ({style})")
-            if style.startswith("colwise") and _tied(model, module):
+            if style.startswith("colwise") and _tied(shared, module):
                 notes.append(f"{name} shares its weight with another module: kept replicated")
                 continue
             if style == "embedding_rowwise":
@@ -149,7 +177,7 @@ def apply_tensor_parallel(model: torch.nn.Module, mesh, layout: Layout) -> List[
             if size % degree:
                 raise UnsupportedLayout(f"tensor parallel {degree} does not divide {name} ({what} {size})")
             if style == "embedding_rowwise":
-                if _tied(model, module):
+                if _tied(shared, module):
                     notes.append(f"{name} shares its weight with another module: kept replicated")
                     continue
                 plan[name] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
@@ -161,9 +189,8 @@ def apply_tensor_parallel(model: torch.nn.Module, mesh, layout: Layout) -> List[
                 plan[name] = ColwiseParallel(output_layouts=Replicate())
     if not plan:
         raise UnsupportedLayout(f"the tensor-parallel plan matches no Linear of {type(model).__name__}")
-    parallelize_module(model, mesh, plan)
     notes.append(f"tensor parallel {degree}: {len(plan)} modules split column- or row-wise")
-    return notes
+    return plan, notes
 
 
 def _check_heads(model, degree: int) -> None:
@@ -197,8 +224,12 @@ def apply_fsdp(model: torch.nn.Module, mesh, reshard_after_forward: bool = True)
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward)
     # the root stays gathered after forward (FSDP2's default for it): its backward starts at once
     fully_shard(model, mesh=mesh, reshard_after_forward=None if reshard_after_forward else False)
-    return [f"FSDP2 {mesh.size()}: {len(blocks or ())} blocks and the root sharded, "
-            + ("each block gathered again in backward" if reshard_after_forward else "kept gathered after forward")]
+    return [_fsdp_note(mesh.size(), blocks, reshard_after_forward)]
+
+
+def _fsdp_note(size: int, blocks, reshard_after_forward: bool) -> str:
+    return (f"FSDP2 {size}: {len(blocks or ())} blocks and the root sharded, "
+            + ("each block gathered again in backward" if reshard_after_forward else "kept gathered after forward"))
 
 
 def is_parallelized(model: torch.nn.Module) -> bool:

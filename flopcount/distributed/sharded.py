@@ -28,10 +28,11 @@ import torch
 
 from .. import collector
 from ..errors import FlopcountError
-from ..estimators.dispatch import AsGiven, aside, count_step
+from ..estimators import blocks
+from ..estimators.dispatch import AsGiven, aside, count_step, whole_report
 from .fake_group import fake_world
 from .layout import layout_of
-from .plan import check_degrees, is_parallelized, parallelize
+from .plan import check_degrees, is_parallelized, parallelize, plan_notes
 
 
 @contextmanager
@@ -80,10 +81,8 @@ def count_sharded(model: torch.nn.Module, inputs, world, *, backward: bool = Tru
                   rank: int = 0):
     """FLOPs, bytes and collectives of rank ``rank``'s training step of ``model`` sharded as ``world`` says (a
     ``Layout``, ``{"fsdp": 64, "tp": 8}``, or a number of FSDP ranks), on ``inputs``, one data-parallel rank's
-    batch. Returns a ``FlopReport`` (collectives in the ``collective`` family, their bytes those the rank sends)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed.tensor import DTensor
-
+    batch. Returns a ``FlopReport`` (collectives in the ``collective`` family, their bytes those the rank sends).
+    A run of identical layers is counted once (``estimators/blocks.py``)."""
     layout = layout_of(world)
     if optimizer is not None:
         raise FlopcountError("optimizer= with world= is not supported: the sharded count covers forward and "
@@ -93,6 +92,29 @@ def count_sharded(model: torch.nn.Module, inputs, world, *, backward: bool = Tru
                              "process group it was sharded on)")
     check_degrees(model, layout)  # before any rank's shard is made: a degree past the model never starts
     name = model_name or type(model).__name__
+
+    def once():
+        return _count_rank(model, inputs, layout, backward=backward, loss_fn=loss_fn, name=name,
+                           as_device=as_device, rank=rank)
+
+    run, a, _, rows, _ = blocks.scaled(model, once, lambda r: r.frame.to_dict("records"), KEYS)
+    if run is None:
+        report = once()
+        report.meta.pop("plan_notes")
+        return report
+    # the layers' shards, collectives and all, are the same on every layer; the notes are the whole model's
+    cut_notes = a.meta.pop("plan_notes")
+    a.notes = [n for n in a.notes if n not in cut_notes] + plan_notes(model, layout)
+    return whole_report(model, run, a, rows)
+
+
+KEYS = ["module", "op", "phase", "dtype", "family", "status"]
+
+
+def _count_rank(model, inputs, layout, *, backward, loss_fn, name, as_device, rank):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.tensor import DTensor
+
     sharded = meta_copy(model)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     with fake_world(layout, rank) as mesh:
@@ -108,7 +130,7 @@ def count_sharded(model: torch.nn.Module, inputs, world, *, backward: bool = Tru
     report.notes[:0] = [f"rank {rank} of {layout.describe()} (world {layout.world}), counted on a fake process "
                         "group: compute on this rank's shards; collectives with the bytes this rank sends (ring)"]
     report.notes += notes
-    report.meta.update(world=layout.to_dict(), rank=rank)
+    report.meta.update(world=layout.to_dict(), rank=rank, plan_notes=notes)
     return report
 
 

@@ -37,9 +37,9 @@ from ..api_checks import check_loss
 from ..inputs import random_on
 from ..model_calls import call_model, preserved
 from ..step import batch_size_of, default_loss, seeded
-from ..report import FlopReport
+from ..report import COLUMNS, FlopReport
 from .base import Capabilities, Request
-from . import fallback
+from . import blocks, fallback
 from .counter import FORWARD_PHASES, FlopCounter, aside  # noqa: F401  (the counter's names, from where they were)
 from .counting import AsGiven, counting, rows_of
 from .ops import shape_label  # noqa: F401
@@ -105,6 +105,48 @@ def count_step(
     generator (``step.seeded``).
     """
     device = str(device)
+    step = dict(backward=backward, loss_fn=loss_fn, device=device, optimizer=optimizer, model_name=model_name,
+                as_device=as_device, fallback_to_cpu=fallback_to_cpu, given=given)
+    if device == "meta" and given is None and blocks.enabled():
+        report = _blocks_once(model, inputs, step)
+        if report is not None:
+            return report
+    return _count_step(model, inputs, **step)
+
+
+_KEYS = [c for c in COLUMNS if c not in ("flops", "bytes", "calls")]
+
+
+def _blocks_once(model, inputs, step: dict) -> Optional[FlopReport]:
+    """The step with its run of identical blocks counted once (``blocks.py``), or None where every block must be
+    counted (no run, a proof that failed, a count that needed the CPU)."""
+    def once():
+        return _count_step(model, inputs, **dict(step, fallback_to_cpu=False))
+
+    try:
+        run, a, b, rows, _ = blocks.scaled(model, once, lambda r: r.frame.to_dict("records"), _KEYS)
+    except Exception:  # a model that cannot run cut down (it indexes its list by its config): every block
+        return None
+    if run is None:
+        return None
+    return whole_report(model, run, a, rows)
+
+
+def whole_report(model, run, a: FlopReport, rows: list) -> FlopReport:
+    """The report of the whole model from count A's and the combined rows (``blocks.scaled``)."""
+    meta = dict(a.meta)
+    keep = blocks.KEEP_A(run.n)
+    meta.update(params=owned_params(model),
+                module_types=blocks.expand_paths(a.meta.get("module_types", {}), run, keep),
+                module_outputs=blocks.expand_paths(a.meta.get("module_outputs", {}), run, keep))
+    meta.pop("tied", None)
+    meta.update(_tied(model))
+    return FlopReport.from_rows(rows, model=a.model, batch_size=a.batch_size, estimator=a.estimator,
+                                phases=a.phases, notes=list(a.notes) + [blocks.note(run)], meta=meta)
+
+
+def _count_step(model, inputs, *, backward, loss_fn, device, optimizer, model_name, as_device, fallback_to_cpu,
+                given) -> FlopReport:
     name = model_name or type(model).__name__
     meta_extra = {"device": device}
     with seeded(device):

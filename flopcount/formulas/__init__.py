@@ -34,14 +34,14 @@ pool's bins): their formulas are registered with ``values=True`` and get the ten
 from __future__ import annotations
 
 from .registry import (  # noqa: F401
-    FAMILY, FLOP_FORMULAS, MEMORY, VALUES, VIEW, ZERO_FLOP, Formula, NeedsValues, existing, first_shape, is_shape,
-    lookup, numel, op_family, register, register_zero, shape_of,
+    FAMILY, FLOP_FORMULAS, MEMORY, VALUES, VIEW, ZERO_FLOP, Formula, NeedsValues, Size, existing, first_shape,
+    is_shape, lookup, numel, op_family, register, register_zero, shape_of,
 )
 
 __all__ = [
     "FLOP_FORMULAS", "ZERO_FLOP", "VIEW", "MEMORY", "register", "register_zero",
     "lookup", "numel", "op_family", "FAMILY", "first_shape", "is_shape", "existing", "VALUES", "NeedsValues",
-    "shape_of",
+    "shape_of", "Size",
 ]
 
 # The families register themselves on import; keep this list in step with the modules of this package.

@@ -22,7 +22,10 @@ adds each grad element into the one position that won: **1 per grad element**.
 """
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 from .registry import NeedsValues, numel, register, shape_of
 
@@ -31,6 +34,7 @@ SAMPLE = 8
 
 
 def _values(rois) -> torch.Tensor:
+    import torch
     if not isinstance(rois, torch.Tensor) or rois.device.type == "meta":
         raise NeedsValues("the size of each region's bins depends on its box: the boxes' values are needed")
     return rois.detach().cpu()
@@ -39,6 +43,7 @@ def _values(rois) -> torch.Tensor:
 def _samples_per_region(rois, spatial_scale, ph, pw, sampling_ratio, aligned):
     """Sample count S per region (a list), from the boxes where ``sampling_ratio <= 0``; computed in the boxes'
     dtype, as the kernel does, so that a ceil at a boundary rounds the same way."""
+    import torch
     k = int(shape_of(rois)[0])
     if sampling_ratio > 0:
         return [sampling_ratio * sampling_ratio] * k
@@ -76,11 +81,13 @@ def roi_align_backward(grad, rois, spatial_scale, pooled_height, pooled_width, b
 
 
 def _round_half_away(t: torch.Tensor) -> torch.Tensor:
+    import torch
     return torch.sign(t) * torch.floor(t.abs() + 0.5)  # C's round(), which torch.round (half to even) is not
 
 
 def _bin_bounds(start, size, n_bins, limit):
     """Per region and bin: clamped [lo, hi) along one axis, as the kernel's floor/ceil of p * size / n."""
+    import torch
     bin_size = size.to(torch.float32) / n_bins
     p = torch.arange(n_bins, dtype=torch.float32)
     lo = torch.floor(p[None, :] * bin_size[:, None]).to(torch.int64) + start[:, None]
@@ -91,6 +98,7 @@ def _bin_bounds(start, size, n_bins, limit):
 @register("torchvision.roi_pool", family="pooling", values=True)
 def roi_pool(x, rois, spatial_scale, pooled_height, pooled_width, *_, out_shape=None, **__):
     """The formula of ``torchvision.roi_pool``: its FLOPs from the shapes of its arguments."""
+    import torch
     n, c, height, width = (int(d) for d in shape_of(x))
     r = _values(rois).to(torch.float32)
     box = _round_half_away(r[:, 1:] * float(spatial_scale)).to(torch.int64)

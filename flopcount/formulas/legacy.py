@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from .conv import conv_backward_flops
 from .registry import register
+from .schemas import NO_DEFAULT
 
 _CONV_TAIL = ("int[] padding, int[] stride, int[] dilation, int groups, bool benchmark, bool deterministic, "
               "bool allow_tf32")
@@ -29,6 +30,21 @@ SCHEMAS = {
         f"aten::cudnn_convolution_backward(Tensor self, Tensor grad_output, Tensor weight, {_CONV_TAIL}, "
         "bool[2] output_mask) -> (Tensor, Tensor)",
 }
+_TYPES = {"int[]": "List[int]", "bool[2]": "List[bool]"}  # as torch prints a parsed schema's argument types
+
+
+def arguments(name: str) -> tuple:
+    """The one overload of legacy op ``name`` as ``formulas.schemas`` gives an overload: (argument name, type,
+    ``NO_DEFAULT``, keyword-only) tuples, read from :data:`SCHEMAS` without torch (none has a default)."""
+    text = SCHEMAS[name]
+    inner = text[text.index("(") + 1:text.rindex(") ->")]
+    out = []
+    for part in inner.split(", "):
+        typ, arg = part.rsplit(" ", 1)
+        out.append((arg, _TYPES.get(typ, typ), NO_DEFAULT, False))
+    return tuple(out)
+
+
 # ops that only call others which carry the work: not an op of their own in a trace, their callees are
 PASS_THROUGH = frozenset({"aten::cudnn_convolution_backward"})
 

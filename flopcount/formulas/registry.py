@@ -1,9 +1,8 @@
 """The formula table that every family of this package registers into, and the shape helpers formulas share."""
 from __future__ import annotations
 
+import sys
 from typing import Callable, Dict, Iterable, Optional, Union
-
-import torch
 
 Formula = Callable[..., Union[int, tuple]]
 
@@ -71,23 +70,48 @@ def numel(shape) -> int:
     return n
 
 
+class Size(tuple):
+    """A tensor's sizes where torch is not loaded (a profile reader's): to a formula, what ``torch.Size`` is."""
+
+    __slots__ = ()
+
+    def numel(self) -> int:
+        return numel(self)
+
+
+def _torch_type(name: str):
+    torch = sys.modules.get("torch")  # a torch type can only be met once torch is loaded
+    return getattr(torch, name, None) if torch is not None else None
+
+
 def is_shape(x) -> bool:
-    """Whether a formula argument stood for a tensor (tensors reach formulas as ``torch.Size``)."""
-    return isinstance(x, torch.Size)
+    """Whether a formula argument stood for a tensor (tensors reach formulas as ``torch.Size``, or ``Size``)."""
+    if isinstance(x, Size):
+        return True
+    size = _torch_type("Size")
+    return size is not None and isinstance(x, size)
 
 
 def shape_of(x):
     """The size of a formula argument that is a tensor, or a size already (the ``values=True`` formulas get both)."""
-    return x.shape if isinstance(x, torch.Tensor) else x
+    tensor = _torch_type("Tensor")
+    return x.shape if tensor is not None and isinstance(x, tensor) else x
 
 
 def first_shape(shape):
     """The size of an op's first output (``out_shape`` is a tuple of sizes when the op returns several)."""
-    if isinstance(shape, (tuple, list)) and not isinstance(shape, torch.Size):
+    if isinstance(shape, (tuple, list)) and not is_shape(shape):
         return first_shape(shape[0]) if shape else None
     return shape
 
 
 def existing(*names: str) -> list:
-    """``aten.<name>`` for those of ``names`` that are ops in this torch build (backend ops come and go)."""
-    return [f"aten.{n}" for n in names if hasattr(torch.ops.aten, n)]
+    """``aten.<name>`` for those of ``names`` that are ops in this torch build (backend ops come and go), from the
+    generated table where it is this torch's (``schemas.py``: no import of torch)."""
+    from .schemas import exists
+
+    ASKED.update(names)
+    return [f"aten.{n}" for n in names if exists(n)]
+
+
+ASKED: set = set()  # every name ``existing`` was asked about (a test checks the table's answers against torch)

@@ -24,7 +24,10 @@ from __future__ import annotations
 
 import math
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 from .registry import NeedsValues, existing, numel, register, shape_of
 
@@ -62,6 +65,7 @@ def topk(x, k, dim=-1, largest=True, sorted=True, *_, out_shape=None, **__):
 
 
 def _real(t) -> torch.Tensor:
+    import torch
     if not isinstance(t, torch.Tensor) or t.device.type == "meta":
         raise NeedsValues("NMS compares as many boxes as it keeps: the boxes' values are needed")
     return t
@@ -69,6 +73,7 @@ def _real(t) -> torch.Tensor:
 
 def visited_pairs(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float) -> int:
     """The (kept box, later live box) pairs torchvision's CPU NMS kernel compares, replayed on the same values."""
+    import torch
     with torch.no_grad():
         boxes = boxes.detach().cpu()
         order = torch.sort(scores.detach().cpu(), stable=True, descending=True).indices

@@ -16,13 +16,15 @@ from .. import api_checks, datasheet, models_hf
 from ..device_spec import DeviceSpec
 from ..dtypes import dtype_name
 from ..errors import GenerationError, model_errors, oom_as_error
-from ..estimators import fallback
+from ..estimators import blocks, fallback
 from ..estimators.dispatch import count_step, counting, owned_params, rows_of
 from ..model_calls import preserved
 from ..report import FlopReport
 from ..step import batch_size_of, tokens_of
 from .device import Prediction, predict
 from .phases import FORWARD, PHASES
+from .stretches import (Decoder, NotAffine, add_rows, advance, by_stretches, cache_jumpable, snapshot, stretches,
+                        windows_of)
 
 LOGITS = ("last", "all")  # which positions' logits the prefill computes
 KV_CACHE = "(kv cache)"  # the pseudo-module of the ops a cache runs to store new entries, under its attention module
@@ -118,7 +120,8 @@ def is_causal_lm(model) -> bool:
 
 def generate_cost(model: torch.nn.Module, prompt_len: int, new_tokens: int, batch: int = 1, *, device: str = "meta",
                   as_device: str = "cpu", logits: str = "last", model_name: str = "",
-                  progress: Optional[Callable] = None, remember: bool = True, seed: int = 0) -> Generation:
+                  progress: Optional[Callable] = None, remember: bool = True, seed: int = 0,
+                  every_step: bool = False) -> Generation:
     """Count a greedy generation of ``new_tokens`` tokens after a prompt of ``prompt_len`` tokens, for ``batch``
     sequences, from ``model``'s own code (a transformers causal LM; see the module docstring). On meta (the
     default) no weight is read and nothing computed; ``as_device`` picks the kernels a run there would take (cpu,
@@ -126,11 +129,16 @@ def generate_cost(model: torch.nn.Module, prompt_len: int, new_tokens: int, batc
     that takes ``logits_to_keep``; ``"all"``: every position's (the prefill is then exactly the model's forward
     over the prompt). ``progress`` wraps the decode steps' iterable (a tqdm). ``remember=False`` runs every meta
     kernel and every linear layer again at each call (the same count, slower). The model is counted in the mode it
-    is in (``generate`` runs in eval mode: ``model.eval()`` first) and given back unchanged."""
+    is in (``generate`` runs in eval mode: ``model.eval()`` first) and given back unchanged.
+
+    On meta, a run of identical layers is counted once (``estimators/blocks.py``) and the decode steps by their
+    affine structure (``stretches.py``), both exact and checked on each count; ``every_step=True`` counts every
+    decode step (and ``blocks.every_block()`` every layer)."""
     prompt_len, new_tokens, batch = check_sizes(batch, prompt_len, new_tokens)
     api_checks.check_model(model)
     device = api_checks.check_device("device", device, ("meta", "cpu"))
     api_checks.check_choice("as_device", as_device, ("cpu", "cuda"))
+    api_checks.check_bool("every_step", every_step)
     if logits not in LOGITS:
         raise GenerationError(f"logits must be one of {', '.join(LOGITS)}, not {logits!r}")
     api_checks.check_callable("progress", progress)
@@ -146,6 +154,53 @@ def generate_cost(model: torch.nn.Module, prompt_len: int, new_tokens: int, batc
         raise GenerationError(f"a prompt of {prompt_len} and {new_tokens} new tokens needs {prompt_len + new_tokens - 1} "
                               f"positions; {name} has {limit}")
     check_index(name, batch, prompt_len, new_tokens, text)
+    settings = dict(device=str(device), as_device=as_device, logits=logits, name=name, progress=progress,
+                    remember=remember, seed=seed, every_step=every_step or str(device) != "meta" or not by_stretches())
+    if str(device) == "meta":
+        whole = _blocks_once(model, prompt_len, new_tokens, batch, settings)
+        if whole is not None:
+            return whole
+    return _generate(model, prompt_len, new_tokens, batch, **settings)
+
+
+_KEYS = ["module", "op", "phase", "dtype", "family", "status"]
+_STEP_NUMBERS = ["flops", "bytes", "op_bytes", "weights", "kv_read", "kv_written", "other"]
+
+
+def _blocks_once(model, prompt_len, new_tokens, batch, settings) -> Optional[Generation]:
+    """The generation with its run of identical layers counted once, or None (every layer must be counted)."""
+    def once():
+        return _generate(model, prompt_len, new_tokens, batch, **settings)
+
+    records = lambda g: g.report.frame.to_dict("records")  # noqa: E731
+    try:
+        run, a, b, rows, _ = blocks.scaled(model, once, records, _KEYS)
+        if run is None:
+            return None
+        traffic = blocks.combine(a.traffic.frame.to_dict("records"), b.traffic.frame.to_dict("records"), run,
+                                 _KEYS)
+    except Exception:  # a model that cannot run cut down, or cut-down counts that do not prove it: every layer
+        return None
+    fixed = ["phase", "step", "context", "tokens"]
+    if not a.steps[fixed].equals(b.steps[fixed]):
+        return None
+    steps = a.steps.copy()
+    extra = run.n - len(blocks.KEEP_A(run.n))
+    for c in _STEP_NUMBERS:  # each column is a sum over the layers, the rest of the model a constant
+        steps[c] = a.steps[c] + extra * (a.steps[c] - b.steps[c])
+    notes = list(a.notes) + [blocks.note(run)]
+    meta = dict(a.report.meta, params=owned_params(model))
+    common = dict(model=a.report.model, batch_size=a.report.batch_size, estimator=a.report.estimator,
+                  phases=a.report.phases, meta=meta)
+    return Generation(report=FlopReport.from_rows(rows, notes=list(notes), **common),
+                      traffic=FlopReport.from_rows(traffic, notes=list(notes), **common), steps=steps,
+                      model=a.model, batch=a.batch, prompt_len=a.prompt_len, new_tokens=a.new_tokens, dtype=a.dtype,
+                      device=a.device, as_device=a.as_device, notes=notes)
+
+
+def _generate(model, prompt_len: int, new_tokens: int, batch: int, *, device: str, as_device: str, logits: str,
+              name: str, progress, remember: bool, seed: int, every_step: bool) -> Generation:
+    text = models_hf.text_config(model.config)
     with oom_as_error(f"making {batch} prompts of {prompt_len} token ids"):
         ids = torch.randint(0, text.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(seed))
     dtype = float_dtype(model)
@@ -153,6 +208,7 @@ def generate_cost(model: torch.nn.Module, prompt_len: int, new_tokens: int, batc
     state = _Tally()
     records = []
     state_ = {}
+    redo = ""
     with preserved(model), model_errors(name, ids), _values_needed(name, state_), \
             counting(model, ids, device=str(device), as_device=as_device, remember=remember,
                      state=state_) as (counter, prompt):
@@ -170,14 +226,39 @@ def generate_cost(model: torch.nn.Module, prompt_len: int, new_tokens: int, batc
             return chosen
 
         chosen = forward("prefill", 0, feed.first(), prompt_len)
-        steps: Iterable[int] = range(1, new_tokens)
-        for t in (progress(steps) if progress is not None else steps):
+        last = [chosen]
+
+        def decode(t: int) -> dict:
             counter.phase = state.phase = "decode"  # the step's inputs are made in its phase
-            chosen = forward("decode", t, feed.next(chosen), prompt_len + t)
+            last[0] = forward("decode", t, feed.next(last[0]), prompt_len + t)
+            return records.pop()
+
+        if new_tokens > 1 and not every_step and cache_jumpable(cache):
+            decoder = Decoder(decode, lambda: snapshot(counter, state), lambda n: advance(cache, feed, n),
+                              lambda name, rows: add_rows(counter, state, name, rows))
+            plan = stretches(1, new_tokens - 1, prompt_len, windows_of(cache, text))
+            try:
+                records += decoder.run(plan, prompt_len)
+            except NotAffine as exc:
+                redo = str(exc)
+            decoded = decoder.counted
+        else:
+            steps: Iterable[int] = range(1, new_tokens)
+            for t in (progress(steps) if progress is not None else steps):
+                records.append(decode(t))
+            decoded = new_tokens - 1
+    if redo:
+        again = _generate(model, prompt_len, new_tokens, batch, device=device, as_device=as_device, logits=logits,
+                          name=name, progress=progress, remember=remember, seed=seed, every_step=True)
+        again.notes.append(f"every decode step counted: {redo}")
+        return again
     rows = rows_of(counter)
     meta = {"device": str(device), "as": as_device, "params": owned_params(model)}
     phases = ("prefill", "decode") if new_tokens > 1 else ("prefill",)
     notes = [f"formula for {op} failed: {err}" for op, err in counter.errors.items()]
+    if decoded < new_tokens - 1:
+        notes.append(f"decode: {decoded} of {new_tokens - 1} steps counted, the rest computed exactly from the "
+                     "affine form of their stretch (checked on each stretch: infer/stretches.py)")
     common = dict(model=name, batch_size=batch, estimator="dispatch", phases=phases, notes=notes, meta=meta)
     report = FlopReport.from_rows(rows, **common)
     traffic = FlopReport.from_rows(state.traffic_rows(rows, dtype), **dict(common, notes=list(notes)))

@@ -68,8 +68,12 @@ def fill_from_launch_records(kernels: pd.DataFrame, records: dict) -> pd.DataFra
 
 def region_of(names: np.ndarray, parent: np.ndarray, by_level) -> np.ndarray:
     """Per range, the outermost compiled region on its path (itself if it is one), -1 where none."""
-    own = np.where(np.array([is_region(str(u)) for u in names], dtype=bool) if len(names) else np.zeros(0, bool),
-                   np.arange(len(names)), -1)
+    if len(names):  # a profile has millions of ranges and a few hundred distinct names: each name tested once
+        codes, uniq = pd.factorize(np.asarray(names, dtype=object))
+        flags = np.array([is_region(str(u)) for u in uniq], dtype=bool)[codes]
+    else:
+        flags = np.zeros(0, bool)
+    own = np.where(flags, np.arange(len(names)), -1)
     out = own.copy()
     for idx in by_level[1:]:
         p = parent[idx]
@@ -146,9 +150,12 @@ def _sum_by(keys: dict, sums: dict, calls=None) -> pd.DataFrame:
         out[k] = np.bincount(code, weights=v, minlength=groups) if v.dtype.kind == "f" else \
             np.bincount(code, weights=v, minlength=groups).round().astype(np.int64)
     if calls is not None:
-        pairs = np.unique(np.stack([code, np.asarray(calls, np.int64)]), axis=1) if n else np.zeros((2, 0), np.int64)
-        pairs = pairs[:, pairs[1] >= 0]
-        out.insert(len(keys), "calls", np.bincount(pairs[0], minlength=groups).astype(np.int64))
+        ids = np.asarray(calls, np.int64)
+        # each distinct (group, id) pair once, by hashing one integer per row rather than sorting pairs
+        span = int(ids.max()) + 2 if n else 1
+        pairs = pd.unique(code.astype(np.int64) * span + (ids + 1)) if n else np.zeros(0, np.int64)
+        pairs = pairs[pairs % span != 0]  # id -1: no call
+        out.insert(len(keys), "calls", np.bincount(pairs // span, minlength=groups).astype(np.int64))
     return out
 
 

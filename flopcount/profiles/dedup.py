@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from .. import formulas
-from ..formulas import legacy
+from ..formulas import legacy, schemas as schema_table
 from ..report import FlopReport
 from . import compiled, markers
 from .marker_flops import STATUS, op_flops
@@ -97,28 +97,10 @@ class Analysis:
         return float(f["gpu_s"].sum())
 
 
-@lru_cache(maxsize=None)
 def is_composite(name: str) -> bool:
-    """Whether every overload of aten op ``name`` is implemented by calling other ops above autograd."""
-    import torch
-
-    try:
-        schemas = torch._C._jit_get_schemas_for_operator(name)
-    except Exception:
-        return False
-    has = torch._C._dispatch_has_kernel_for_dispatch_key
-    seen = False
-    for s in schemas:
-        if s.overload_name.endswith("out"):
-            continue
-        full = name + ("." + s.overload_name if s.overload_name else "")
-        try:
-            if not has(full, "CompositeImplicitAutograd"):
-                return False
-            seen = True
-        except Exception:
-            continue
-    return seen
+    """Whether every overload of aten op ``name`` is implemented by calling other ops above autograd (from the
+    generated table, ``formulas/schemas.py``: no import of torch)."""
+    return schema_table.is_composite(name)
 
 
 def per_name(names: np.ndarray, fn, dtype=object) -> np.ndarray:
@@ -317,8 +299,8 @@ def analyze(prof: Profile, naive: bool = False) -> Analysis:
     # ``row``: the op's row in the profile's ranges (its marker's sizes; the ``owner`` of its kernels)
     op_ranges = pd.DataFrame({"row": np.flatnonzero(is_op), "start": start[is_op], "end": end[is_op],
                               "tid": r["tid"].to_numpy(np.int64)[is_op],
-                              "op": packets[name_codes[is_op]], "phase": PHASES[phase[is_op]],
-                              "flops": np.maximum(flops[is_op], 0), "status": STATUS[status[is_op]]})
+                              "op": _texts(packets[name_codes[is_op]]), "phase": _texts(PHASES[phase[is_op]]),
+                              "flops": np.maximum(flops[is_op], 0), "status": _texts(STATUS[status[is_op]])})
     return Analysis(ops=ops, report=report, has_shapes=has_shapes, kernels=len(k), kernels_unlaunched=unl,
                     kernels_outside_ranges=outside, ranges=n, notes=notes, path=prof.path,
                     devices=list(prof.devices), time_source="cpu" if prof.cpu_times else "device",
@@ -326,15 +308,15 @@ def analyze(prof: Profile, naive: bool = False) -> Analysis:
                     kernel_groups=_kernel_groups(k, kdur, inner, in_range, op_of, is_op, flops),
                     inductor=inductor, time_rows=time_rows, time_shares=time_shares,
                     kernel_ops=pd.DataFrame({
-                        "start": k["start"].to_numpy(np.int64), "name": np.asarray(k["name"], dtype=object),
-                        "owner": owner, "op": np.where(owner >= 0, packets[name_codes[np.maximum(owner, 0)]], "")
-                        if len(k) else np.zeros(0, object),
-                        "phase": np.where(owner >= 0, phase_names[np.maximum(owner, 0)], "") if len(k)
-                        else np.zeros(0, object),
+                        "start": k["start"].to_numpy(np.int64), "name": _texts(k["name"]),
+                        "owner": owner, "op": _texts(np.where(owner >= 0, packets[name_codes[np.maximum(owner, 0)]],
+                                                              "") if len(k) else np.zeros(0, object)),
+                        "phase": _texts(np.where(owner >= 0, phase_names[np.maximum(owner, 0)], "") if len(k)
+                                        else np.zeros(0, object)),
                         "flops": np.where((owner >= 0) & is_op[np.maximum(owner, 0)], flops[np.maximum(owner, 0)], -1)
                         if len(k) else np.zeros(0, np.int64),
-                        "status": np.where(owner >= 0, STATUS[status][np.maximum(owner, 0)], "") if len(k)
-                        else np.zeros(0, object),
+                        "status": _texts(np.where(owner >= 0, STATUS[status][np.maximum(owner, 0)], "") if len(k)
+                                         else np.zeros(0, object)),
                         "inductor_flop": k["kernel_flop"].to_numpy(np.float64) if "kernel_flop" in k
                         else np.full(len(k), np.nan)}))
 
@@ -366,9 +348,25 @@ def _kernel_groups(k, kdur, inner, in_range, op_of, is_op, flops) -> pd.DataFram
     kflops = np.zeros(n, np.float64)
     counted = (owner >= 0) & is_op & (flops > 0)
     kflops[owner[counted]] = flops[counted]
-    g = pd.DataFrame({"device": device, "stream": stream, "kernel": np.asarray(k["name"], dtype=object),
-                      "kernels": np.ones(n, np.int64), "gpu_s": kdur / 1e9, "flops": kflops})
-    return g.groupby(["device", "stream", "kernel"], sort=False).sum().reset_index()
+    # grouped by integer codes in the order groups first appear (groupby's sort=False), without building a frame of
+    # every kernel's name: a text column of a million rows costs pandas more than the grouping
+    names, kinds = pd.factorize(np.asarray(k["name"], dtype=object)) if n else (np.zeros(0, np.int64), [])
+    key = ((device + 1) * (int(stream.max()) + 2 if n else 1) + stream + 1) * max(len(kinds), 1) + names
+    code, _ = pd.factorize(key) if n else (np.zeros(0, np.int64), None)
+    groups = int(code.max()) + 1 if n else 0
+    first = np.full(groups, n, np.int64)
+    np.minimum.at(first, code, np.arange(n))
+    return pd.DataFrame({"device": device[first], "stream": stream[first],
+                         "kernel": _texts(np.asarray(kinds, dtype=object)[names[first]]),
+                         "kernels": np.bincount(code, minlength=groups).astype(np.int64),
+                         "gpu_s": np.bincount(code, weights=kdur / 1e9, minlength=groups),
+                         "flops": np.bincount(code, weights=kflops, minlength=groups)})
+
+
+def _texts(values) -> pd.Series:
+    """A column of texts kept as the Python strings they are (no conversion to Arrow strings, which costs a
+    second a million rows)."""
+    return pd.Series(np.asarray(values, dtype=object), dtype=object, copy=False)
 
 
 def _report(packets, name_codes, phase, is_op, flops, status, naive_flops, naive, prof, notes, inductor=None) -> FlopReport:

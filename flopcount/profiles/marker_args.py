@@ -23,10 +23,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Optional, Tuple
 
-import torch
-
 from .. import formulas
-from ..formulas import legacy, roles
+from ..formulas import Size, legacy, roles, schemas as schema_table
 from ..errors import reason
 
 
@@ -41,27 +39,17 @@ class Context:
     forward_weight: Optional[Tuple[int, ...]] = None  # backward ops: the linked forward op's weight size
 
 
-@lru_cache(maxsize=None)
 def _schemas(name: str, with_out: bool = False):
     """The op's overloads as argument tuples; ``with_out``: the out= overloads only (older traces record their
-    ``out`` tensor as an argument)."""
-    try:
-        schemas = torch._C._jit_get_schemas_for_operator(name)
-    except Exception:
-        return ()
-    if not schemas and name in legacy.SCHEMAS:  # an op of older PyTorch, recorded in its traces
-        schemas = [torch._C.parse_schema(legacy.SCHEMAS[name])]
-    out = []
-    for s in schemas:
-        is_out = s.overload_name.endswith("out") or any(getattr(a, "is_out", False) for a in s.arguments)
-        if is_out != with_out:
-            continue
-        out.append(tuple((a.name, str(a.type), a.default_value if a.has_default_value() else _NO_DEFAULT, a.kwarg_only)
-                         for a in s.arguments))
-    return tuple(out)
+    ``out`` tensor as an argument). From the generated table (``formulas/schemas.py``): no import of torch; an op of
+    older PyTorch, recorded in its traces, from ``formulas/legacy.py``."""
+    found = schema_table.schemas(name, with_out)
+    if not found and not with_out and name in legacy.SCHEMAS:
+        found = (legacy.arguments(name),)
+    return found
 
 
-_NO_DEFAULT = object()
+_NO_DEFAULT = schema_table.NO_DEFAULT
 
 
 def _is_tensor_type(t: str) -> bool:
@@ -90,7 +78,7 @@ def _fit(schema, sizes):
         if k in counts:
             n = counts[k]
             # an empty list still leaves one ``[]`` entry in the marker
-            out.append((name, typ, default, [torch.Size(s) for s in sizes[i:i + n]]))
+            out.append((name, typ, default, [Size(s) for s in sizes[i:i + n]]))
             i += max(n, 1)
             continue
         s = sizes[i]
@@ -109,7 +97,7 @@ def _bind_one(typ, s):
     if _is_tensor_type(typ):
         if typ in ("Tensor?", "Optional[Tensor]") and not s:
             return None
-        return torch.Size(s)
+        return Size(s)
     if s:  # a non-tensor argument never has sizes
         return _MISFIT
     return _NO_DEFAULT
@@ -167,7 +155,7 @@ def _fit_nested(schema, dims, types):
                 return None
             if kind not in (None, "", "TensorList", "GenericList"):
                 return None
-            out.append((name, typ, default, [torch.Size(x) for x in d]))
+            out.append((name, typ, default, [Size(x) for x in d]))
             continue
         if kind == "TensorList" or (d and not all(isinstance(x, int) for x in d)):
             return None
@@ -211,9 +199,22 @@ def _fill(name: str, typ: str, default):
 
 def _broadcast(shapes):
     try:
-        return torch.broadcast_shapes(*shapes)
+        return broadcast_shapes(shapes)
     except Exception:
         return None
+
+
+def broadcast_shapes(shapes) -> Size:
+    """The shape that ``shapes`` broadcast to (``torch.broadcast_shapes``); ValueError where they do not."""
+    shapes = [(s,) if isinstance(s, int) else tuple(s) for s in shapes]
+    ndim = max((len(s) for s in shapes), default=0)
+    out = []
+    for i in range(ndim, 0, -1):
+        sizes = {s[-i] for s in shapes if len(s) >= i} - {1}
+        if len(sizes) > 1:
+            raise ValueError(f"shapes {shapes} do not broadcast")
+        out.append(sizes.pop() if sizes else 1)
+    return Size(out)
 
 
 def _infer(name: str, bound: dict, ctx: Context, known=frozenset()):
@@ -232,11 +233,11 @@ def _infer(name: str, bound: dict, ctx: Context, known=frozenset()):
             out = _conv_out(bound, known)
         if out is None:
             raise CannotDerive("output size unknown (no backward node linked to this convolution)")
-        return torch.Size(out)
+        return Size(out)
     if kind == "conv_transpose":
         if out is None:
             raise CannotDerive("output size unknown (no backward node linked to this transposed convolution)")
-        return torch.Size(out)
+        return Size(out)
     if kind == "conv_backward":
         x, w = bound["input"], bound["weight"]
         has_bias = bool(ctx.forward_has_bias)
@@ -256,11 +257,11 @@ def _infer(name: str, bound: dict, ctx: Context, known=frozenset()):
             raise CannotDerive("output size unknown (no backward node linked to this max-pool)")
         if "kernel_size" not in known:
             bound["kernel_size"] = _pool_window(bound["self"], out)
-        return torch.Size(out)
+        return Size(out)
     if kind == "attention":
         # an undefined bias is recorded as ``[]``, like a 0-dim tensor, which no attention bias is
         for k in ("attn_bias", "bias"):
-            if bound.get(k) == torch.Size([]) and k not in known:
+            if bound.get(k) == Size([]) and k not in known:
                 bound[k] = None
     if kind == "batch_norm" and "training" not in known:
         # training when autograd linked a backward node to it (a training step), as eval-mode ops make none
@@ -275,8 +276,8 @@ def _infer(name: str, bound: dict, ctx: Context, known=frozenset()):
         has = [bound.get(k) is not None and len(bound[k]) > 0 for k in ("weight", "bias")]
         bound["output_mask"] = [ctx.input_needs_grad, has[0], has[1] if base != "_fused_rms_norm_backward" else False]
     if out is not None:
-        return torch.Size(out)
-    tensors = [v for _, v in bound.items() if isinstance(v, torch.Size)]
+        return Size(out)
+    tensors = [v for _, v in bound.items() if formulas.is_shape(v)]
     if name.endswith("_") and tensors:
         return tensors[0]
     return _broadcast(tensors) if tensors else None
