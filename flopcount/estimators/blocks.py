@@ -54,6 +54,7 @@ def every_block():
 
 
 def enabled() -> bool:
+    """Whether runs of identical blocks may be counted once here (no ``every_block()`` is open)."""
     return not getattr(_state, "whole", 0)
 
 
@@ -64,6 +65,7 @@ class Run:
         self.path, self.holder, self.n = path, holder, n
 
     def describe(self) -> str:
+        """The run's blocks as a path range, ``model.layers.0-31``."""
         return f"{self.path}.0-{self.n - 1}"
 
 
@@ -280,5 +282,6 @@ def scaled(model: torch.nn.Module, count: Callable[[], object], records: Callabl
 
 
 def note(run: Run) -> str:
+    """The report's note for a run whose middle blocks were computed from block 2."""
     return (f"blocks {run.path}.3-{run.n - 2} counted as {run.path}.2 (identical blocks, checked op for op on each "
             "count: see estimators/blocks.py)")

@@ -76,6 +76,7 @@ class Size(tuple):
     __slots__ = ()
 
     def numel(self) -> int:
+        """The number of elements of a tensor of this size."""
         return numel(self)
 
 

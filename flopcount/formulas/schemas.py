@@ -105,6 +105,7 @@ def from_torch(name: str) -> list:
 
 
 def composite_from_torch(name: str) -> bool:
+    """Whether every overload of ``name`` has a CompositeImplicitAutograd kernel, asked of torch."""
     import torch
 
     try:

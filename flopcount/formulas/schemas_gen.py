@@ -22,6 +22,7 @@ def generate() -> dict:
 
 
 def main() -> None:
+    """Write ``data/aten_ops.json`` from the installed torch and say what it holds."""
     doc = generate()
     DATA.write_text(json.dumps(doc, separators=(",", ":"), sort_keys=True) + "\n", encoding="utf-8")
     print(f"{DATA.name}: {len(doc['ops'])} ops, {len(doc['composite'])} composite, {len(doc['schemas'])} schemas "

@@ -48,6 +48,7 @@ def every_step():
 
 
 def by_stretches() -> bool:
+    """Whether decode steps may be computed from their stretch's affine form (no ``every_step()`` is open)."""
     return not getattr(_state, "whole", 0)
 
 
@@ -150,6 +151,7 @@ class Decoder:
         return deltas, record
 
     def run(self, stretch_list: List[Tuple[int, int]], prompt: int) -> List[dict]:
+        """Each decode step's numbers: counted at the ends and checks of each stretch, computed between."""
         for s, e in stretch_list:
             if e - s + 1 < MIN_STRETCH:
                 for t in range(s, e + 1):

@@ -248,7 +248,7 @@ def _infer(name: str, bound: dict, ctx: Context, known=frozenset()):
         return None
     if kind == "conv_backward_legacy":  # the weight's size and the gradients computed are not recorded
         if "weight_size" in bound and "weight_size" not in known and ctx.forward_weight:
-            bound["weight_size"] = torch.Size(ctx.forward_weight)
+            bound["weight_size"] = Size(ctx.forward_weight)
         if "output_mask" in bound and "output_mask" not in known:
             bound["output_mask"] = [ctx.input_needs_grad, True]
         return None
