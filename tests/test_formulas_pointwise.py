@@ -177,8 +177,11 @@ def test_embedding_reads_only_gathered_rows():
 
 
 def test_every_registered_name_is_an_op_of_this_torch():
+    """Every name is an op of this torch, but those of PyTorch 1.x traces, which carry their own old schemas."""
+    from flopcount.formulas import legacy
+
     for name in list(formulas.FLOP_FORMULAS) + list(formulas.ZERO_FLOP):
         ns, _, op = name.partition(".")
-        if ns == "aten":
+        if ns == "aten" and f"aten::{op}" not in legacy.SCHEMAS:
             assert hasattr(torch.ops.aten, op), name
     assert not set(formulas.FLOP_FORMULAS) & set(formulas.ZERO_FLOP)
