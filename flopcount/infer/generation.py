@@ -23,13 +23,13 @@ from ..report import FlopReport
 from ..step import batch_size_of, tokens_of
 from .device import Prediction, predict
 from .phases import FORWARD, PHASES
+from .sizes import check_index, check_sizes
 from .stretches import (Decoder, NotAffine, add_rows, advance, by_stretches, cache_jumpable, snapshot, stretches,
                         windows_of)
 
 LOGITS = ("last", "all")  # which positions' logits the prefill computes
 KV_CACHE = "(kv cache)"  # the pseudo-module of the ops a cache runs to store new entries, under its attention module
 KV_WRITE = "kv cache write"  # the op of the traffic's rows that stands for them: the new entries, written once
-INDEX_MAX = 2 ** 63 - 1  # a tensor's sizes and element count are int64
 STEP_COLUMNS = ["phase", "step", "context", "tokens", "flops", "bytes", "op_bytes", "weights", "kv_read",
                 "kv_written", "other"]
 
@@ -302,39 +302,6 @@ def forward_cost(model: torch.nn.Module, inputs, *, as_device: str = "cpu", mode
     return Generation(report=report, traffic=report, steps=steps, model=name, batch=batch, prompt_len=ids // batch,
                       new_tokens=0, dtype=dtype_name(float_dtype(model)), device=report.meta.get("device", "meta"),
                       as_device=as_device, notes=list(report.notes))
-
-
-def _positive(value, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise GenerationError(f"{what} must be a positive integer, not {value!r}")
-    if value > INDEX_MAX:
-        raise GenerationError(f"{what} {value:,} is past what a tensor can index ({INDEX_MAX:,})")
-    return int(value)
-
-
-def check_sizes(batch, prompt_len, new_tokens) -> tuple:
-    """(prompt_len, new_tokens, batch) as positive integers whose token ids a tensor can index; refused in one line
-    before a model is built."""
-    prompt_len, new_tokens, batch = (_positive(prompt_len, "the prompt length"),
-                                     _positive(new_tokens, "the number of new tokens"), _positive(batch, "the batch"))
-    if batch * (prompt_len + new_tokens) > INDEX_MAX:
-        raise GenerationError(f"a batch of {batch:,} sequences of {prompt_len:,} + {new_tokens:,} tokens is past what "
-                              f"a tensor can index ({INDEX_MAX:,} elements): give a smaller batch, prompt or new "
-                              "tokens")
-    return prompt_len, new_tokens, batch
-
-
-def check_index(name: str, batch: int, prompt_len: int, new_tokens: int, text) -> None:
-    """Refuse sizes whose largest activation a tensor cannot index: a token's widest row (vocabulary, hidden or
-    feed-forward width, or its attention scores over the whole context) for every token of the batch."""
-    context = prompt_len + new_tokens - 1
-    widths = [getattr(text, k, None) for k in ("vocab_size", "hidden_size", "intermediate_size", "n_embd", "n_inner")]
-    heads = getattr(text, "num_attention_heads", None) or getattr(text, "n_head", None) or 1
-    widest = max([w for w in widths if isinstance(w, int)] + [heads * context if isinstance(heads, int) else 0])
-    if batch * context * widest > INDEX_MAX:
-        raise GenerationError(f"{name}: a batch of {batch:,} over {context:,} positions makes activations of "
-                              f"{batch * context * widest:.3g} elements, past what a tensor can index "
-                              f"({INDEX_MAX:,}): give a smaller batch, prompt or new tokens")
 
 
 class Feed:

@@ -13,7 +13,8 @@ from ..device_spec import DeviceSpec
 from ..dtypes import parse_dtype
 from ..errors import GenerationError, model_errors
 from .device import Prediction, predict
-from .generation import Generation, check_sizes, forward_cost, generate_cost, is_causal_lm
+from .generation import Generation, forward_cost, generate_cost, is_causal_lm
+from .sizes import check_sizes
 from .measured import Measured, measured_rates, time_forward, time_generation
 
 
