@@ -1,6 +1,7 @@
 """The formula table that every family of this package registers into, and the shape helpers formulas share."""
 from __future__ import annotations
 
+import numbers
 import sys
 from typing import Callable, Dict, Iterable, Optional, Union
 
@@ -74,6 +75,13 @@ class Size(tuple):
     """A tensor's sizes where torch is not loaded (a profile reader's): to a formula, what ``torch.Size`` is."""
 
     __slots__ = ()
+
+    def __new__(cls, sizes=()):
+        out = super().__new__(cls, sizes)
+        for d in out:  # as torch.Size refuses them: a profile's junk (nested lists, text) is no size
+            if type(d) is not int and not isinstance(d, numbers.Integral):
+                raise TypeError(f"a size holds integers, not {type(d).__name__}")
+        return out
 
     def numel(self) -> int:
         """The number of elements of a tensor of this size."""
