@@ -45,6 +45,7 @@ class JobError(FlopcountError):
 @dataclass
 class Job:
     """A job's reading: one row per rank, the job's figures, its stragglers, and how it was read."""
+
     ranks: pd.DataFrame
     job: dict
     stragglers: pd.DataFrame

@@ -65,6 +65,7 @@ class Gemm:
 @dataclass(frozen=True)
 class Tiling:
     """How a matrix product is cut into output tiles over the SMs, and the time that gives."""
+
     tile: Tuple[int, int]
     tiles: int  # output tiles, splits of K included
     split_k: int
@@ -102,6 +103,7 @@ def tiling(g: Gemm, sms: int, peak: float, p: Params, tiles: Sequence[Tuple[int,
 @dataclass(frozen=True)
 class OpTime:
     """An op's three times: its compute, its memory traffic and its kernels' floor."""
+
     compute: float
     memory: float
     floor: float

@@ -29,6 +29,7 @@ def _packet(func) -> str:
 
 class ShapeLog(TorchDispatchMode):
     """A dispatch mode that notes the shape of every matrix product a counted step runs."""
+
     def __init__(self):
         super().__init__()
         self.seen: Dict[Tuple[str, bool], Counter] = defaultdict(Counter)

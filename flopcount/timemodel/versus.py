@@ -19,6 +19,7 @@ from .params import fit_summary, params_for
 @dataclass
 class Versus:
     """A recorded profile's ops priced by the time model beside their measured GPU time."""
+
     analysis: object
     calls: pd.DataFrame  # per call, with the model's terms (oncalls.predict_calls)
     ops: pd.DataFrame  # per (op, phase): gpu_s, predicted_s, roofline_s, ratio, lost_s, bound
