@@ -28,11 +28,13 @@ import numpy as np
 import pandas as pd
 
 from ..report import COUNTED, UNCOUNTED, ZERO
+from .marker_flops import STATUS
 from .nesting import innermost, nest
 
 REGION_PREFIXES = ("CompiledFunction", "Torch-Compiled Region", "## Call CompiledFxGraph", "CompiledFxGraph")
 FIGURES = ("kernel_flop", "kernel_num_gb")
 OUTSIDE = "(launched outside every range)"
+_NONE, _COUNTED, _UNCOUNTED, _ZERO = (list(STATUS).index(s) for s in ("", COUNTED, UNCOUNTED, ZERO))
 NAN = float("nan")
 GENERATED = " (generated code: time outside its aten ops)"
 
@@ -85,10 +87,11 @@ def region_of(names: np.ndarray, parent: np.ndarray, by_level) -> np.ndarray:
 def account(*, names, phases, is_op, flops, status, region, kernels, kdur, owner, cpu_times, start, end, tids):
     """(inductor rows, time rows, shares).
 
-    ``names``/``phases`` per range (text), ``flops`` (-1 not derived) and ``status`` (counted/zero/uncounted/'')
-    per range; ``owner`` per kernel: the range it is charged to (-1: outside every range). Inductor rows: one per
-    (kernel name, phase, region) with launches, FLOPs, GB and device seconds. Time rows: one per (what, phase,
-    status) with calls, kernels and seconds; ``shares``: the share of all time per status."""
+    ``names``/``phases`` per range (text), ``flops`` (-1 not derived) and ``status`` per range (an index into
+    ``marker_flops.STATUS``: '', counted, uncounted, zero; codes, since text compares slowly a million times);
+    ``owner`` per kernel: the range it is charged to (-1: outside every range). Inductor rows: one per (kernel name,
+    phase, region) with launches, FLOPs, GB and device seconds. Time rows: one per (what, phase, status) with calls,
+    kernels and seconds; ``shares``: the share of all time per status."""
     n_k = len(kdur)
     kflop = kernels["kernel_flop"].to_numpy(np.float64) if "kernel_flop" in kernels else np.full(n_k, np.nan)
     kgb = kernels["kernel_num_gb"].to_numpy(np.float64) if "kernel_num_gb" in kernels else np.full(n_k, np.nan)
@@ -105,13 +108,14 @@ def account(*, names, phases, is_op, flops, status, region, kernels, kdur, owner
     else:
         inductor = pd.DataFrame(columns=["kernel", "phase", "region", "calls", "flops", "gb", "gpu_s"])
 
-    op_status = np.where(status == COUNTED, np.where(flops > 0, COUNTED, ZERO), status)
-    op_status = np.where(op_status == "", UNCOUNTED, op_status)
+    code = np.asarray(status, np.int64)
+    op_code = np.where(code == _COUNTED, np.where(flops > 0, _COUNTED, _ZERO),
+                       np.where(code == _NONE, _UNCOUNTED, code))
     if cpu_times:
-        rows = _cpu_rows(names, phases, is_op, op_status, region, start, end, tids)
+        rows = _cpu_rows(names, phases, is_op, STATUS[op_code], region, start, end, tids)
     else:
         safe = np.maximum(owner, 0)
-        st = np.where((owner >= 0) & is_op[safe], op_status[safe], UNCOUNTED) if n_k else np.zeros(0, object)
+        st = np.where((owner >= 0) & is_op[safe], STATUS[op_code[safe]], UNCOUNTED) if n_k else np.zeros(0, object)
         st = np.where(fig, COUNTED, st)
         what = np.where(owner >= 0, names[safe], OUTSIDE) if n_k else np.zeros(0, object)
         # a compiled region's own kernels are listed under the region, whichever record launched them; a call is

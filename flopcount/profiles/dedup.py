@@ -265,7 +265,7 @@ def analyze(prof: Profile, naive: bool = False) -> Analysis:
     owner = np.where(in_range, np.where(op_of[np.maximum(inner, 0)] >= 0, op_of[np.maximum(inner, 0)], inner), -1) \
         if len(k) and n else np.full(len(k), -1)
     inductor, time_rows, time_shares = compiled.account(
-        names=range_names, phases=phase_names, is_op=is_op, flops=flops, status=STATUS[status],
+        names=range_names, phases=phase_names, is_op=is_op, flops=flops, status=status,
         region=compiled.region_of(range_names, parent, by_level), kernels=k, kdur=kdur, owner=owner,
         cpu_times=prof.cpu_times, start=start, end=end, tids=r["tid"].to_numpy(np.int64))
     if len(inductor):
