@@ -119,14 +119,9 @@ def decompressed_size(path: str) -> int:
 
 def available_memory() -> float:
     """Bytes of memory available to new processes (MemAvailable), else half the machine's."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return float(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) / 2
+    from ..estimators.fallback import available_bytes
+
+    return float(available_bytes() or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2)
 
 
 def workers_for(paths, workers: Optional[int] = None) -> int:
