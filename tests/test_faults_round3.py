@@ -288,12 +288,17 @@ def small_export(tmp_path_factory):
                         orphan_kernels=0)
 
 
-def test_an_export_whose_ranges_share_one_time_is_refused_where_nothing_is_priced(small_export, tmp_path, capsys):
-    path = str(tmp_path / "same.sqlite")
-    shutil.copy(small_export, path)
+def _one_time_for_every_range(path):
+    """Every NVTX range of the export at ``path`` given the same start and end."""
     with sqlite3.connect(path) as con:
         low, high = con.execute("SELECT min(start), max(end) FROM NVTX_EVENTS").fetchone()
         con.execute("UPDATE NVTX_EVENTS SET start = ?, end = ?", (low, high))
+
+
+def test_an_export_whose_ranges_share_one_time_is_refused_where_nothing_is_priced(small_export, tmp_path, capsys):
+    path = str(tmp_path / "same.sqlite")
+    shutil.copy(small_export, path)
+    _one_time_for_every_range(path)
     code, out, err = run(capsys, "nsys", path, "--format", "json")
     assert code == 2 and out == ""
     one_error_line(err, "nothing could be priced")
@@ -305,9 +310,7 @@ def test_an_export_whose_ranges_share_one_time_says_so(tmp_path, capsys):
     pytest.importorskip("adbc_driver_sqlite")
     path = str(tmp_path / "same.sqlite")
     shutil.copy(REAL_NSYS, path)
-    with sqlite3.connect(path) as con:
-        low, high = con.execute("SELECT min(start), max(end) FROM NVTX_EVENTS").fetchone()
-        con.execute("UPDATE NVTX_EVENTS SET start = ?, end = ?", (low, high))
+    _one_time_for_every_range(path)
     code, out, err = run(capsys, "nsys", path, "--format", "json")
     assert code == 0, err  # an export without shapes: GPU times only, and the note says the nesting is lost
     assert any("share their start and end with another range" in n for n in json.loads(out)["notes"])
