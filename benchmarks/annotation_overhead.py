@@ -1,4 +1,4 @@
-"""What ``flopcount.nvtx.annotate`` costs a resnet18 training step on the CPU, against the same loop without it.
+"""What ``flopcount.recording.nvtx.annotate`` costs a resnet18 training step on the CPU, against the same loop without it.
 
 Two annotated loops are each held against the bare loop, in paired rounds (a bare round and an annotated round of
 the same number of steps, their order alternating from pair to pair so that neither side always runs second):
@@ -22,8 +22,8 @@ import time
 import torch
 import torchvision
 
-from flopcount.nvtx import annotate
-from flopcount.step import make_train_step
+from flopcount.recording.nvtx import annotate
+from flopcount.model.step import make_train_step
 
 
 class DroppingDomain:

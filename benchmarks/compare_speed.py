@@ -14,7 +14,7 @@ import torch
 import torchvision
 
 import flopcount
-from flopcount.models import STUDY_MODELS
+from flopcount.model.specs import STUDY_MODELS
 
 
 def main(argv=None) -> int:

@@ -27,7 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 import flopcount
-from flopcount.models import STUDY_MODELS, load_model
+from flopcount.model.specs import STUDY_MODELS, load_model
 
 PEERS = ("flopcount", "FlopCounterMode", "floor")
 

@@ -33,8 +33,8 @@ def peer_rounds(rounds: int, steps: int, layers: int, prompt: int, batch: int):
     import transformers
     from torch.utils.flop_counter import FlopCounterMode
 
-    from flopcount.estimators.blocks import every_block
-    from flopcount.infer import generate_cost
+    from flopcount.counting.blocks import every_block
+    from flopcount.analyses.infer import generate_cost
 
     transformers.utils.logging.set_verbosity_error()
     config = transformers.AutoConfig.from_pretrained(LLAMA, trust_remote_code=False)
@@ -85,8 +85,8 @@ LLAMA_CODE = textwrap.dedent("""
     import sys, time, os
     w0, c0 = time.perf_counter(), time.process_time()
     import torch
-    from flopcount.infer import generate_cost
-    from flopcount.models import load_model
+    from flopcount.analyses.infer import generate_cost
+    from flopcount.model.specs import load_model
     w1, c1 = time.perf_counter(), time.process_time()
     model, name = load_model("hf:" + sys.argv[1], device="meta", train=False)
     model = model.eval().to(torch.bfloat16)

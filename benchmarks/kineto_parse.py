@@ -138,7 +138,7 @@ def _bytes(path: str) -> bytes:
 
 def child(mode: str, path: str) -> dict:
     """One measurement in this (fresh) process; its imports are not timed, its peak memory is the process's."""
-    from flopcount import collector
+    from flopcount.base import collector
     from flopcount.profiles import analyze_trace, kineto_trace, trace_columns
 
     extra = {}

@@ -68,7 +68,7 @@ LLAMA_CODE = textwrap.dedent("""
     import sys, time
     t0 = time.perf_counter()
     import flopcount
-    from flopcount.models import build
+    from flopcount.model.specs import build
     t1 = time.perf_counter()
     model, inputs, name = build("hf:" + sys.argv[1], batch=1, seq_len=int(sys.argv[2]))
     t2 = time.perf_counter()

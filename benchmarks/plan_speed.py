@@ -6,7 +6,7 @@ Three cases, each in a fresh process, ``--repeat`` times, interleaved:
 * ``train405b``: a Llama-3-405B shape (hidden 16384, MLP 53248, 126 layers, 128/8 heads, vocabulary 128256),
   forward and backward at 1 x 8192 tokens on meta (``flopcount.count``);
 * ``infer8b``: the Llama-3-8B shape of ``tests/fixtures/hf/llama-3-8b`` in bf16, prompt 2048, 1024 new tokens,
-  batch 8, with CUDA's kernels (``flopcount.infer.generate_cost``);
+  batch 8, with CUDA's kernels (``flopcount.analyses.infer.generate_cost``);
 * ``sharded70b``: a Llama-3-70B shape at FSDP 64 x TP 8, one rank, 1 x 8192 tokens (``world=``).
 
 Per run: the CPU time of the count itself (``time.process_time`` around the one call; torch, transformers and
@@ -52,9 +52,9 @@ def child(case: str, every: bool) -> dict:
     import transformers
 
     import flopcount
-    from flopcount.estimators.blocks import every_block
-    from flopcount.infer import generate_cost
-    from flopcount.infer.stretches import every_step
+    from flopcount.counting.blocks import every_block
+    from flopcount.analyses.infer import generate_cost
+    from flopcount.analyses.infer.stretches import every_step
 
     transformers.utils.logging.set_verbosity_error()
     whole = contextlib.ExitStack()

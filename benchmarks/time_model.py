@@ -25,11 +25,11 @@ DEVICE = {"sampled_rank0_train.json.gz": ("A100 SXM 40GB", "its kernels are sm80
 
 def load_all(root: str, only: str = ""):
     """[(name, kind, calls with predictions or None, spec or None, why not)] for every profile under ``root``."""
-    from flopcount.errors import FlopcountError
+    from flopcount.base.errors import FlopcountError
     from flopcount.profiles import kineto_trace, nsys_export
     from flopcount.profiles.dedup import analyze
-    from flopcount.timemodel.calls import profile_calls
-    from flopcount.timemodel.device import profile_device, trace_sms
+    from flopcount.analyses.prediction.calls import profile_calls
+    from flopcount.device.timemodel.trace_device import profile_device, trace_sms
 
     out = []
     for kind, sub, ext in (("trace", "kineto", ".json.gz"), ("nsys", "nsys", ".sqlite")):
@@ -58,7 +58,7 @@ def load_all(root: str, only: str = ""):
 def refit(profiles) -> dict:
     """The parameters per vendor: shares and floors fitted on the NVIDIA profiles; an AMD profile too small for
     shares (its ops far below a microsecond) gives AMD its floors and host cost, the shares taken from NVIDIA."""
-    from flopcount.timemodel.fit import as_json, fit, floor_only
+    from flopcount.analyses.prediction.fit import as_json, fit, floor_only
 
     nvidia = [(c, s) for _, _, c, s, _ in profiles if c is not None and s.vendor == "nvidia"]
     amd = [(c, s) for _, _, c, s, _ in profiles if c is not None and s.vendor == "amd"]
@@ -72,9 +72,9 @@ def refit(profiles) -> dict:
 
 
 def measure(profiles, params_doc):
-    from flopcount.timemodel.core import Params
-    from flopcount.timemodel.fit import summarize, usable
-    from flopcount.timemodel.oncalls import predict_calls
+    from flopcount.device.timemodel.core import Params
+    from flopcount.analyses.prediction.fit import summarize, usable
+    from flopcount.analyses.prediction.oncalls import predict_calls
 
     rows = {}
     for name, kind, calls, spec, why in profiles:
@@ -89,7 +89,7 @@ def measure(profiles, params_doc):
 
 def holdout(profiles) -> str:
     """Leave one out: the shares and floors fitted on every NVIDIA profile but one, judged on that one."""
-    from flopcount.timemodel.fit import as_json, fit
+    from flopcount.analyses.prediction.fit import as_json, fit
 
     nvidia = [p for p in profiles if p[2] is not None and p[3].vendor == "nvidia"]
     lines = ["leave one out (fitted without the profile judged):"]
@@ -189,7 +189,7 @@ def write_params(path, params, rows) -> None:
                "errors": {n: {"by_op": {k: r["by_op"][k] for k in ("model", "roofline", "rows", "calls")},
                               "by_call": {k: r["by_call"][k] for k in ("model", "roofline")}}
                           for n, r in rows.items() if "device" in r}}}
-    from flopcount.outputs import atomic_write
+    from flopcount.base.outputs import atomic_write
 
     atomic_write(path, json.dumps(doc, indent=1) + "\n")
 

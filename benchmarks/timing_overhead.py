@@ -19,8 +19,8 @@ import time
 
 import torch
 
-from flopcount.step import make_train_step
-from flopcount.timing import time_step
+from flopcount.model.step import make_train_step
+from flopcount.device.timing import time_step
 
 
 def small_model(width: int) -> torch.nn.Module:

@@ -34,9 +34,9 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import flopcount  # noqa: E402
-from flopcount import models_vision  # noqa: E402
-from flopcount.models import build  # noqa: E402
-from flopcount.outputs import atomic_write  # noqa: E402
+from flopcount.model import vision as models_vision  # noqa: E402
+from flopcount.model.specs import build  # noqa: E402
+from flopcount.base.outputs import atomic_write  # noqa: E402
 
 COLUMNS = ["model", "family", "input", "status", "forward_flops", "backward_flops", "uncounted", "downloaded",
            "eval_forward_gmacs", "weights", "weights_gmacs", "ratio", "seconds", "reason"]
@@ -119,8 +119,8 @@ def eval_macs(name, model, inputs):
         return probe, {}
     except Exception:
         pass
-    from flopcount.inputs import random_on
-    from flopcount.models import rebuild_on_cpu
+    from flopcount.model.inputs import random_on
+    from flopcount.model.specs import rebuild_on_cpu
 
     real = rebuild_on_cpu(model) or model
     real.eval()

@@ -56,7 +56,7 @@ def _gpt2_small(batch, tokens):
 
 def _time(model_name, batch, device, autocast, steps):
     """One utilization row: FLOPs, seconds and utilization of the step (CUDA events on a GPU)."""
-    from flopcount.utilization import from_spec, utilization
+    from flopcount.analyses.utilization import from_spec, utilization
 
     options = dict(device=device, autocast=autocast, steps=steps, warmup=max(1, steps // 2))
     if model_name == "gpt2-small":
@@ -70,7 +70,7 @@ def _time(model_name, batch, device, autocast, steps):
 
 def _predicted(model_name, batch, autocast, spec_name):
     """The time model's step time for ``model_name`` on ``spec_name`` (eager launches), beside the roofline."""
-    from flopcount.timemodel.predict import from_spec
+    from flopcount.analyses.prediction.predict import from_spec
 
     kwargs = {"batch": batch, "autocast": autocast}
     if model_name == "gpt2-small":
@@ -83,8 +83,8 @@ def _predicted(model_name, batch, autocast, spec_name):
 def _versus(trace_path, spec_name) -> dict:
     """Measured against predicted over the priced ops of one recorded trace: the sum's error and the median and
     worst error per op row, the bare roofline's beside them."""
-    from flopcount.timemodel.fit import summarize
-    from flopcount.timemodel.versus import compare
+    from flopcount.analyses.prediction.fit import summarize
+    from flopcount.analyses.prediction.versus import compare
 
     v = compare(trace_path, kind="trace", device_spec=spec_name)
     priced = v.calls[v.calls["predicted_s"].notna() & (v.calls["measured_s"] > 0)]
@@ -99,7 +99,7 @@ def _profiles(model_name, batch, device, out, spec_name=None, versus=None):
     """Dispatch, trace and (with nsys on a GPU) NVTX counts of one recorded step of ``model_name``."""
     import flopcount
     from flopcount.profiles import analyze_trace
-    from flopcount.capture import capture, capture_kineto, training_step
+    from flopcount.recording.capture import capture, capture_kineto, training_step
 
     path = capture_kineto(model_name, batch, out=os.path.join(out, f"{model_name}-trace"), device=device)
     trace = analyze_trace(path)

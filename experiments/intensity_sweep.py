@@ -12,8 +12,8 @@ import json
 import os
 import sys
 
-from flopcount.errors import FlopcountError
-from flopcount.outputs import atomic_write
+from flopcount.base.errors import FlopcountError
+from flopcount.base.outputs import atomic_write
 
 
 def main(argv=None) -> int:
@@ -38,7 +38,7 @@ def _run(args) -> int:
     import torch
     from tqdm import tqdm
 
-    from flopcount.sweep import default_size, intensity_sweep
+    from flopcount.analyses.sweep import default_size, intensity_sweep
 
     if args.threads is not None:
         if args.threads < 1:
@@ -57,7 +57,7 @@ def _run(args) -> int:
     summary["threads"] = torch.get_num_threads()
     atomic_write(os.path.join(args.out, "summary.json"), json.dumps(summary, indent=1))
     if not args.no_plot:
-        from flopcount.plots import plot_intensity_sweep
+        from flopcount.analyses.plots import plot_intensity_sweep
 
         plot_intensity_sweep(sweep, os.path.join(args.out, "intensity_sweep.png"))
     cols = ["r", "seconds", "flop_per_s", "bytes_per_s", "bound", "compile_seconds"]

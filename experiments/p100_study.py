@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from flopcount.models import STUDY_MODELS
+from flopcount.model.specs import STUDY_MODELS
 from flopcount.study import StudyConfig
 
 STUDY = StudyConfig(models=STUDY_MODELS, batch_sizes=(1, 64, 128), images=10_000, num_classes=10,

@@ -8,7 +8,7 @@ allocation, not a wrapper whose children do the work) launches one or two kernel
 with the op's element type the way CUDA kernel templates are (``...<float>``). Backward runs on a second thread,
 as the autograd engine's device thread does on a GPU.
 
-With ``generate_annotated`` the step also runs inside ``flopcount.nvtx.annotate`` with a stand-in domain that
+With ``generate_annotated`` the step also runs inside ``flopcount.recording.nvtx.annotate`` with a stand-in domain that
 leaves a zero-length ``record_function`` event wherever the nvtx package would push or pop; those become the rows
 the nvtx package's ranges leave in an export: the domain's creation (NvtxDomainCreate, ``domainId``, its name),
 push/pop ranges of registered strings (``textId`` -> StringIds, no inline text) with their colour, nested per
@@ -355,9 +355,9 @@ def generate_step(step, path, *, record_shapes=True, orphan_kernels=2) -> str:
 def generate_annotated(model, step, path, *, steps: int = 2, record_shapes=True, orphan_kernels=0,
                        emit_nvtx=True) -> str:
     """A profile of ``steps`` calls of ``step()`` (a training step of ``model``) inside
-    ``flopcount.nvtx.annotate(model)``: steps, phases and modules marked around the emit_nvtx ranges (left out,
+    ``flopcount.recording.nvtx.annotate(model)``: steps, phases and modules marked around the emit_nvtx ranges (left out,
     kernels kept, with ``emit_nvtx=False``: a loop profiled without emit_nvtx)."""
-    from flopcount.nvtx import annotate
+    from flopcount.recording.nvtx import annotate
 
     def run():
         with annotate(model, domain=MarkingDomain()):

@@ -1,4 +1,4 @@
-"""flopcount.nvtx.annotate against a recording stand-in for the nvtx API: which ranges a training loop gets, how
+"""flopcount.recording.nvtx.annotate against a recording stand-in for the nvtx API: which ranges a training loop gets, how
 they nest, and that the loop computes exactly what it computes without them."""
 import copy
 import sys
@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import flopcount.nvtx as fnvtx
-from flopcount.errors import FlopcountError, one_line
-from flopcount.nvtx import annotate, parse_text
+import flopcount.recording.nvtx as fnvtx
+from flopcount.base.errors import FlopcountError, one_line
+from flopcount.recording.nvtx import annotate, parse_text
 
 
 class Recorder:

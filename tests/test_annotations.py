@@ -12,7 +12,7 @@ import pytest
 
 from flopcount.cli import main as cli
 from flopcount.profiles import analyze, annotations, load, nsys_export
-from flopcount.capture import read_steps
+from flopcount.recording.capture import read_steps
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -30,7 +30,7 @@ def resnet18(tmp_path_factory):
     import nvtx_profile_gen as gen
 
     import flopcount
-    from flopcount.step import make_train_step
+    from flopcount.model.step import make_train_step
 
     folder = tmp_path_factory.mktemp("annotated")
     torch.manual_seed(0)
@@ -188,7 +188,7 @@ def test_capture_reading_gives_one_step_and_each_steps_time(resnet18):
 
 def test_study_nvtx_method_reads_flops_and_batch_time_from_the_profile(resnet18, monkeypatch):
     path, counted = resnet18.path, resnet18.counted
-    from flopcount import capture as capture_mod
+    from flopcount.recording import capture as capture_mod
     from flopcount.study import StudyConfig, TorchBackend
 
     asked = {}

@@ -6,8 +6,8 @@ import transformers
 from torch import nn
 
 import flopcount
-from flopcount.estimators import blocks
-from flopcount.estimators.blocks import every_block
+from flopcount.counting import blocks
+from flopcount.counting.blocks import every_block
 
 transformers.utils.logging.set_verbosity_error()
 

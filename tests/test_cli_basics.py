@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from flopcount import progress
+from flopcount.base import progress
 from flopcount.cli import main
 from flopcount.cli.main import COMMANDS, build_parser
 

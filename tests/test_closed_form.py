@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import flopcount
-from flopcount.errors import FlopcountError
+from flopcount.base.errors import FlopcountError
 from flopcount.estimators.closed_form import attention_shape, non_embedding_parameters
 
 V, D, H, FF, L, B, T = 100, 32, 4, 64, 2, 2, 16
@@ -89,7 +89,7 @@ def test_a_mixture_of_experts_counts_its_active_parameters():
     vocabulary 256, untied head): N is what a token passes through, the routed experts at 2 of 4."""
     import os
 
-    from flopcount.models import build
+    from flopcount.model.specs import build
 
     pytest.importorskip("transformers")
     path = os.path.join(os.path.dirname(__file__), "fixtures", "hf", "mixtral-tiny")

@@ -17,7 +17,7 @@ FWD_CALLS, FWD_SENT, FWD_ADDS = 5, 5 * 16 * 64 * 4, 5 * 16 * 64 // 2
 
 
 def test_by_collective_has_kind_group_bytes_link_and_time(capsys):
-    from flopcount.datasheet import get_device
+    from flopcount.device.datasheet import get_device
 
     assert main(TP + ["--by", "collective", "--device-spec", "H100 SXM", "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)

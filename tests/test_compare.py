@@ -9,10 +9,10 @@ import torchvision
 from torch import nn
 
 import flopcount
-from flopcount.compare import ERROR, TOTAL, op_kind
+from flopcount.analyses.compare import ERROR, TOTAL, op_kind
 from flopcount.estimators import Capabilities
 from flopcount.estimators.base import _REGISTERED
-from flopcount.models import STUDY_MODELS
+from flopcount.model.specs import STUDY_MODELS
 
 
 def _value(table, op, phase, est):
@@ -105,7 +105,7 @@ class _ReluTwiceFlops:
     capabilities = Capabilities(phases=("forward",))
 
     def estimate(self, request):
-        from flopcount.report import FlopReport
+        from flopcount.base.report import FlopReport
 
         n = request.batch_size * 5
         rows = [dict(module="2", op="nn.ReLU", phase="forward", status="counted", flops=2 * n, native=2 * n, calls=1)]
@@ -264,7 +264,7 @@ def build():
 
 PLUGIN = """
 from flopcount.estimators import Capabilities
-from flopcount.report import FlopReport
+from flopcount.base.report import FlopReport
 
 class Constant:
     name = "constant"

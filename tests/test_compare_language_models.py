@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from flopcount.cli import main
-from flopcount.compare import ERROR, compare, general_reason, grouped_reasons
-from flopcount.models import build
+from flopcount.analyses.compare import ERROR, compare, general_reason, grouped_reasons
+from flopcount.model.specs import build
 
 LLAMA = "hf:tests/fixtures/hf/llama-gqa-tiny"
 PEERS = ("fvcore", "ptflops", "ptflops-aten", "profiler")
@@ -35,7 +35,7 @@ def test_every_peer_counts_a_language_model_called_with_keywords(llama_table):
 def test_a_tracer_peer_sees_the_models_own_module_names(llama_table):
     # fvcore traces through a wrapper that passes the keywords on: its rows carry the model's paths, not the wrapper's
     from flopcount.estimators.base import make_request, run, get_estimator
-    from flopcount.models import build
+    from flopcount.model.specs import build
 
     model, inputs, _ = build(LLAMA, batch=1, seq_len=8, device="cpu", random=True)
     report = run(get_estimator("fvcore"), make_request(model, inputs, backward=False))

@@ -32,7 +32,7 @@ def test_bmm_under_attention_is_said_to_be_counted_there():
 
 @pytest.mark.slow
 def test_swin_t_reasons_are_true():
-    model, _ = flopcount.models.load_model("swin_t")
+    model, _ = flopcount.model.specs.load_model("swin_t")
     table = flopcount.compare(model, torch.randn(1, 3, 224, 224), estimators=("profiler",))
     for phase in ("forward", "backward"):
         text = _reasons(table, "matmul", phase)

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import flopcount
-import flopcount.estimators.dispatch as dispatch
+import flopcount.counting.engine as dispatch
 from flopcount import formulas
-from flopcount.estimators.ops import OpInfo
-from flopcount.report import COLUMNS, FlopReport, _frame_of_columns
+from flopcount.counting.ops import OpInfo
+from flopcount.base.report import COLUMNS, FlopReport, _frame_of_columns
 
 
 def _model():
@@ -128,7 +128,7 @@ def _layouts():
 @pytest.mark.parametrize("device", ["cpu", "meta"])
 @pytest.mark.parametrize("name", list(_layouts()))
 def test_a_meta_stand_in_is_what_empty_like_makes(name, device, monkeypatch):
-    from flopcount.estimators import stand_ins
+    from flopcount.counting import stand_ins
 
     t = _layouts()[name].to(device) if name != "parameter" or device == "cpu" else \
         torch.nn.Parameter(_layouts()[name].detach().to(device))

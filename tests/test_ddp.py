@@ -13,7 +13,7 @@ WORKER = textwrap.dedent("""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from flopcount.utilization import utilization
+    from flopcount.analyses.utilization import utilization
 
     rank, world, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     torch.set_num_threads(1)

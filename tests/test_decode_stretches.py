@@ -4,9 +4,9 @@ import pytest
 import torch
 import transformers
 
-from flopcount.estimators.blocks import every_block
-from flopcount.infer import generate_cost
-from flopcount.infer.stretches import Decoder, NotAffine, stretches
+from flopcount.counting.blocks import every_block
+from flopcount.analyses.infer import generate_cost
+from flopcount.analyses.infer.stretches import Decoder, NotAffine, stretches
 
 transformers.utils.logging.set_verbosity_error()
 

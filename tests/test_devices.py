@@ -4,12 +4,12 @@ import json
 import pytest
 import torch
 
-from flopcount import cpu_probe
-from flopcount.datasheet import get_device, list_devices
-from flopcount.device_spec import DeviceSpec
-from flopcount.dtypes import precision_of
-from flopcount.errors import FlopcountError, UnknownDevice, UnknownPeak
-from flopcount.peak_policy import effective_peak
+from flopcount.device import cpu_probe
+from flopcount.device.datasheet import get_device, list_devices
+from flopcount.device.spec import DeviceSpec
+from flopcount.base.dtypes import precision_of
+from flopcount.base.errors import FlopcountError, UnknownDevice, UnknownPeak
+from flopcount.device.peak_policy import effective_peak
 
 
 # (name as CUDA reports it, precision, figure from the vendor datasheet)
@@ -161,7 +161,7 @@ def test_probe_matmul_is_a_plausible_rate():
 def test_probe_matmul_keeps_the_fastest_size(monkeypatch):
     """Sizes double from 256 until a product takes long enough; the figure is the size that ran fastest, not the
     last one tried (a BLAS library can run an in-between size far slower)."""
-    import flopcount.timing as timing
+    import flopcount.device.timing as timing
 
     seconds = {256: 1e-3, 512: 4e-3, 1024: 40e-3, 2048: 400e-3}  # 512 is the fastest per FLOP
     tried = []
@@ -205,7 +205,7 @@ class _SettingsWithoutAllowTf32:
 
 @pytest.mark.parametrize("precision, expected", [("ieee", False), ("tf32", True), ("none", False)])
 def test_tf32_allowed_reads_a_torch_without_the_old_allow_tf32_flag(monkeypatch, precision, expected):
-    from flopcount.peak_policy import tf32_allowed
+    from flopcount.device.peak_policy import tf32_allowed
 
     monkeypatch.setattr(torch.backends.cuda, "matmul", _SettingsWithoutAllowTf32(precision))
     monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "highest")
@@ -214,7 +214,7 @@ def test_tf32_allowed_reads_a_torch_without_the_old_allow_tf32_flag(monkeypatch,
 
 
 def test_tf32_allowed_follows_the_matmul_precision_setting(monkeypatch):
-    from flopcount.peak_policy import tf32_allowed
+    from flopcount.device.peak_policy import tf32_allowed
 
     monkeypatch.setattr(torch.backends.cuda, "matmul", _SettingsWithoutAllowTf32("none"))
     monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "high")

@@ -8,7 +8,7 @@ import textwrap
 import torch
 
 import flopcount
-from flopcount.estimators.dispatch import count_step
+from flopcount.counting import count_step
 from helpers import op_flops
 
 
@@ -132,7 +132,7 @@ def test_resnet152_at_batch_1024_counts_in_under_1gb():
     # the parent's figure across exec, so it would report pytest's memory rather than the counter's.
     code = textwrap.dedent("""
         import torch, flopcount
-        from flopcount.models import load_model
+        from flopcount.model.specs import load_model
         model, _ = load_model("resnet152", device="meta")
         r = flopcount.count(model, torch.empty(1024, 3, 224, 224, device="meta"))
         assert r.total("backward") > r.total("forward") > 0

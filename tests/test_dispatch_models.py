@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import flopcount
-from flopcount.models import STUDY_MODELS, load_model
-from flopcount.scaling import scaling_mismatches
+from flopcount.model.specs import STUDY_MODELS, load_model
+from flopcount.analyses.scaling import scaling_mismatches
 
 
 def _layer_costs(model: torch.nn.Module, batch: int):

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import flopcount
-from flopcount.compare import TOTAL
+from flopcount.analyses.compare import TOTAL
 from flopcount.estimators import available
 
 README = Path(__file__).resolve().parent.parent / "README.md"

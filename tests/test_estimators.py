@@ -7,10 +7,10 @@ import torch
 from torch import nn
 
 import flopcount
-from flopcount.errors import FlopcountError
+from flopcount.base.errors import FlopcountError
 from flopcount.estimators import Capabilities, Request, get_estimator, run
 from flopcount.estimators.base import _REGISTERED, EstimatorError, available
-from flopcount.report import FlopReport
+from flopcount.base.report import FlopReport
 
 PEERS = ("fvcore", "theory", "ptflops", "ptflops-aten", "pthflops", "profiler")
 

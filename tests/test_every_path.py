@@ -126,7 +126,7 @@ def _small_keypoint_rcnn():
 def test_a_detector_that_samples_in_training_counts_the_same_whatever_the_global_seed():
     # in training the R-CNN heads sample their proposals (torch.randperm): which ones are kept decides which
     # keypoints are valid, and so the loss's work. Unseeded, the three counts below differed.
-    from flopcount.models_vision import detection_batch
+    from flopcount.model.vision import detection_batch
 
     model = _small_keypoint_rcnn()
     _, targets = detection_batch(model, (3, 128, 128), 1, "cpu")

@@ -8,7 +8,7 @@ from helpers import one_error_line, run_cli as run
 
 
 def test_a_figure_replaces_a_symlink_instead_of_writing_through_it(tmp_path):
-    from flopcount import plots
+    from flopcount.analyses import plots
 
     victim = tmp_path / "elsewhere.txt"
     victim.write_text("keep me")
@@ -86,8 +86,8 @@ def mlp_file(tmp_path):
 def test_overhead_with_one_measured_rung_gives_no_verdict(capsys, monkeypatch, mlp_file):
     import json
 
-    import flopcount.overhead
-    from flopcount.errors import OutOfMemory
+    import flopcount.analyses.overhead
+    from flopcount.base.errors import OutOfMemory
 
     def timer(model, name, **kw):
         def at(batch):
@@ -96,7 +96,7 @@ def test_overhead_with_one_measured_rung_gives_no_verdict(capsys, monkeypatch, m
             return 0.01
         return at
 
-    monkeypatch.setattr(flopcount.overhead, "step_timer", timer)
+    monkeypatch.setattr(flopcount.analyses.overhead, "step_timer", timer)
     code, out, err = run(capsys, "overhead", mlp_file(), "--input-shape", "10", "--batches", "1,128", "--format",
                          "json")
     assert code == 0 and not [e for e in err if "Traceback" in e or "error" in e]
@@ -201,7 +201,7 @@ def test_utilization_with_a_bad_batch_from_the_library_is_one_line(batch):
     import torch
 
     import flopcount
-    from flopcount.errors import UtilizationError
+    from flopcount.base.errors import UtilizationError
 
     model = torch.nn.Linear(4, 3)
     for b in (batch, np.int64(batch) if isinstance(batch, int) and not isinstance(batch, bool) else batch):

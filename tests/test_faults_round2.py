@@ -13,7 +13,7 @@ import torch
 import flopcount
 from flopcount.cli import main
 from helpers import one_error_line, run_cli as run
-from flopcount.errors import FlopcountError
+from flopcount.base.errors import FlopcountError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -71,9 +71,9 @@ def test_a_named_pipe_given_as_the_kineto_capture_is_refused_before_recording(tm
 
 
 def test_the_one_writer_refuses_anything_but_a_file_or_a_new_path(tmp_path):
-    from flopcount.errors import OutputError
-    from flopcount.outputs import check_output
-    from flopcount.outputs import atomic_write
+    from flopcount.base.errors import OutputError
+    from flopcount.base.outputs import check_output
+    from flopcount.base.outputs import atomic_write
 
     # a character device: the decision reads its stat and never opens it
     with pytest.raises(OutputError, match="is a character device"):
@@ -169,7 +169,7 @@ def test_a_loss_that_is_not_a_tensor_is_refused():
 
 
 def test_annotate_blocks_exited_out_of_order_leave_backward_as_it_was():
-    from flopcount.nvtx import annotate
+    from flopcount.recording.nvtx import annotate
     from test_annotate import Recorder
 
     original = torch.autograd.backward
@@ -300,7 +300,7 @@ def test_a_wrong_argument_is_one_flopcount_error(call, fragment):
 
 
 def test_annotate_checks_its_arguments():
-    from flopcount.nvtx import annotate
+    from flopcount.recording.nvtx import annotate
     from test_annotate import Recorder
 
     with pytest.raises(FlopcountError, match="annotate's model must be a torch.nn.Module, not int"):

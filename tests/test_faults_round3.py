@@ -16,7 +16,7 @@ from torch import nn
 
 import flopcount
 from flopcount.cli import main
-from flopcount.errors import FlopcountError
+from flopcount.base.errors import FlopcountError
 from helpers import ROOT, op_flops, one_error_line, run_cli as run
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -64,7 +64,7 @@ def test_a_folder_that_asks_to_run_its_code_is_refused_and_its_code_never_runs(t
 @pytest.mark.parametrize("model_type", ["evil", "gpt2"])
 def test_the_api_refuses_a_folder_with_code_too(tmp_path, monkeypatch, model_type):
     pytest.importorskip("transformers")
-    from flopcount.models import load_model
+    from flopcount.model.specs import load_model
 
     folder = code_folder(tmp_path, model_type)
     monkeypatch.setattr(sys, "stdin", __import__("io").StringIO("y\n" * 3))
@@ -133,7 +133,7 @@ def test_world_in_python_is_bounded_by_the_model(never_sharded):
 
 
 def test_infer_sizes_past_a_tensors_index_are_refused_before_the_model_is_built(capsys, monkeypatch):
-    import flopcount.models as models
+    import flopcount.model.specs as models
 
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("built the model"))
     for flag, value in (("--batch", 10 ** 20), ("--prompt", 10 ** 20), ("--new", 10 ** 19)):
@@ -167,7 +167,7 @@ def test_a_named_pipe_at_the_cpu_peak_cache_is_not_opened(tmp_path):
 @pytest.fixture(scope="module")
 def llama():
     pytest.importorskip("transformers")
-    from flopcount.models import load_model
+    from flopcount.model.specs import load_model
 
     return load_model(f"hf:{LLAMA}", device="meta", train=False)[0]
 
@@ -180,14 +180,14 @@ def llama():
     (dict(remember="yes"), "remember must be True or False"),
 ])
 def test_generate_cost_checks_its_arguments(llama, kwargs, fragment):
-    from flopcount.infer import generate_cost
+    from flopcount.analyses.infer import generate_cost
 
     with pytest.raises(FlopcountError, match=fragment):
         generate_cost(llama, 8, 2, **kwargs)
 
 
 def test_a_generations_on_checks_its_arguments_and_refuses_rates_past_the_device(llama):
-    from flopcount.infer import generate_cost
+    from flopcount.analyses.infer import generate_cost
 
     gen = generate_cost(llama, 8, 2)
     with pytest.raises(FlopcountError, match="measured_tokens_per_s must be a number, not '100'"):

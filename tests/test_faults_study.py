@@ -160,11 +160,11 @@ def test_an_unwritable_study_folder_is_one_line_and_keeps_its_rows(tmp_path, cap
                                                                    fault):
     import errno
 
-    import flopcount.outputs
+    import flopcount.base.outputs
 
     assert run(capsys, *STUDY, "--models", "m1", "--out", str(tmp_path))[0] == 0
     before = study_rows(tmp_path)
-    real, writes = flopcount.outputs.atomic_write, []
+    real, writes = flopcount.base.outputs.atomic_write, []
 
     def failing(path, data):
         writes.append(path)
@@ -174,7 +174,7 @@ def test_an_unwritable_study_folder_is_one_line_and_keeps_its_rows(tmp_path, cap
             raise OSError(errno.ENOSPC, "No space left on device")
         real(path, data)
 
-    monkeypatch.setattr(flopcount.outputs, "atomic_write", failing)
+    monkeypatch.setattr(flopcount.base.outputs, "atomic_write", failing)
     if fault == "read-only":
         tmp_path.chmod(0o500)  # stops a user that is not root; the patch stands in for it under root
     try:

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import flopcount
-from flopcount.models import load_model
+from flopcount.model.specs import load_model
 
 
 def accounted(report):

@@ -177,7 +177,7 @@ def test_cpu_trace_equals_dispatch(tmp_path, name):
     import torch
 
     import flopcount
-    from flopcount.capture import training_step
+    from flopcount.recording.capture import training_step
 
     if name == "transformer_block":
         model, x = _block()

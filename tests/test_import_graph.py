@@ -127,6 +127,55 @@ def test_no_private_name_is_imported_from_another_module():
 def test_the_bottom_layers_import_nothing_above_them():
     """formulas and errors are the floor every other module stands on (the design's dependency direction)."""
     edges, _ = _graph()
-    floor = {m for m in edges if m == "flopcount.errors" or m.startswith("flopcount.formulas")}
+    floor = {m for m in edges if m == "flopcount.base.errors" or m.startswith("flopcount.formulas")}
     above = {m: sorted(e - floor) for m, e in edges.items() if m in floor and e - floor}
     assert above == {}
+
+
+# The design's dependency direction, bottom first: a module may import its own layer or any layer below it, never
+# one above. The package's __init__ (the public face, lazy) and __main__ stand above everything.
+LAYERS = [
+    ("base", ("flopcount.base", "flopcount.formulas")),
+    ("engine, model, device", ("flopcount.counting", "flopcount.model", "flopcount.device")),
+    ("peers, profiles, distributed", ("flopcount.estimators", "flopcount.profiles", "flopcount.distributed")),
+    ("analyses, recording", ("flopcount.analyses", "flopcount.recording")),
+    ("study", ("flopcount.study",)),
+    ("cli", ("flopcount.cli",)),
+    ("the public face", ("flopcount", "flopcount.__main__")),
+]
+
+
+def _layer(module: str) -> int:
+    best, found = -1, None
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and len(p) > best:
+                best, found = len(p), i
+    return found
+
+
+def test_every_module_has_a_layer():
+    edges, _ = _graph()
+    assert [m for m in edges if _layer(m) is None] == []
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    edges, _ = _graph()
+    up = sorted(f"{m} ({LAYERS[_layer(m)][0]}) -> {d} ({LAYERS[_layer(d)][0]})"
+                for m, deps in edges.items() for d in deps if _layer(d) > _layer(m))
+    assert up == []
+
+
+def test_the_top_level_is_a_handful_of_packages():
+    top = sorted(p.name for p in PACKAGE.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists())
+    assert [t for t in top if t.endswith(".py")] == ["__init__.py", "__main__.py"]
+    assert len(top) <= 16, top
+
+
+def test_the_command_modules_import_no_helper_back_from_the_parser():
+    """cli/main.py loads each command module by name; a command module importing from cli/main.py would close a
+    circle that the import statements alone do not show."""
+    edges, _ = _graph()
+    back = sorted(m for m, deps in edges.items()
+                  if m.startswith("flopcount.cli.") and m != "flopcount.cli.__main__" and "flopcount.cli.main" in deps)
+    assert back == []

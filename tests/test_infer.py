@@ -9,11 +9,11 @@ import pytest
 import torch
 
 import flopcount
-from flopcount import infer
+from flopcount.analyses import infer
 from flopcount.cli.main import main
-from flopcount.datasheet import get_device
-from flopcount.device_spec import DeviceSpec
-from flopcount.models import load_model
+from flopcount.device.datasheet import get_device
+from flopcount.device.spec import DeviceSpec
+from flopcount.model.specs import load_model
 
 pytest.importorskip("transformers")
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "hf")
@@ -175,7 +175,7 @@ def test_every_module_runs_the_ops_of_transformers_generate(name):
     """transformers' own ``generate`` (greedy, M new tokens) counted on the CPU: every module's ops, FLOPs, bytes and
     calls equal the counted generation's (the cache's ops under their attention module). What differs is at the
     root: generate's own bookkeeping (stopping criteria, integer ops on the ids)."""
-    from flopcount.estimators.dispatch import counting, rows_of
+    from flopcount.counting import counting, rows_of
     import pandas as pd
 
     model = model_of(name, "cpu")
@@ -255,7 +255,7 @@ def test_roofline_per_phase_with_mfu_and_mbu(llama):
     assert dec.mfu == pytest.approx(d["flops"] / seconds / 1e12)
     assert dec.mbu == pytest.approx(d["bytes"] / seconds / 1e11)
     assert pred.ttft == pre.seconds and pre.mbu == pytest.approx(gen.phase("prefill")["bytes"] / 0.01 / 1e11)
-    with pytest.raises(flopcount.errors.FlopcountError):
+    with pytest.raises(flopcount.base.errors.FlopcountError):
         gen.on(DeviceSpec(name="x", peaks={"fp32": 1e12}, bandwidth=None, source=""))
 
 

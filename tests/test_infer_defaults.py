@@ -33,7 +33,7 @@ def test_without_a_device_one_line_names_what_adds_rates(bf16, capsys):
 
 
 def test_with_a_device_spec_the_config_dtype_is_taken_and_said(bf16, capsys):
-    from flopcount.datasheet import get_device
+    from flopcount.device.datasheet import get_device
 
     assert cli(["infer", bf16, "--prompt", "8", "--new", "2", "--device-spec", "H100 SXM", "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)

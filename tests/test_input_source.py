@@ -10,8 +10,8 @@ import torch
 
 import flopcount
 from flopcount.cli import main
-from flopcount.inputs import input_source
-from flopcount.models import build
+from flopcount.model.inputs import input_source
+from flopcount.model.specs import build
 
 CNN_FILE = """
 import torch

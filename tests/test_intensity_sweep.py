@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from flopcount.sweep import SweepError, crossover, intensity_sweep, repeated_mul, rungs
+from flopcount.analyses.sweep import SweepError, crossover, intensity_sweep, repeated_mul, rungs
 
 N = 4096
 BW = 100e9       # fake device: 100 GB/s

@@ -14,7 +14,7 @@ FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "hf")
 
 
 def hf(name, batch=2, seq_len=32):
-    from flopcount.models import build
+    from flopcount.model.specs import build
 
     return build(f"hf:{os.path.join(FIXTURES, name)}", batch=batch, seq_len=seq_len, device="meta")
 
@@ -139,7 +139,7 @@ def test_mixture_of_experts_counts_its_grouped_products():
 
 
 def _built(name, device, batch=2, seq_len=32):
-    from flopcount.models import build
+    from flopcount.model.specs import build
 
     return build(f"hf:{os.path.join(FIXTURES, name)}", batch=batch, seq_len=seq_len, device=device)
 

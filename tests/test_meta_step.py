@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import flopcount
-from flopcount.estimators import fallback
+from flopcount.counting import fallback
 from helpers import Attn
 
 KEY = ["module", "op", "phase"]
@@ -193,7 +193,7 @@ def test_a_step_too_large_for_this_machine_names_device_cpu(monkeypatch):
 
 
 def test_a_meta_built_model_is_rebuilt_on_the_cpu(tmp_path):
-    from flopcount.models import build
+    from flopcount.model.specs import build
 
     src = tmp_path / "needs.py"
     src.write_text(textwrap.dedent("""

@@ -12,8 +12,8 @@ import torch
 
 import flopcount
 from flopcount.cli import main
-from flopcount.errors import FlopcountError
-from flopcount.models import build, load_model
+from flopcount.base.errors import FlopcountError
+from flopcount.model.specs import build, load_model
 
 pytest.importorskip("transformers")
 

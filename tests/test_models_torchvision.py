@@ -8,8 +8,8 @@ import torch
 import torchvision
 
 import flopcount
-from flopcount import models_vision
-from flopcount.models import build, load_model
+from flopcount.model import vision as models_vision
+from flopcount.model.specs import build, load_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -78,7 +78,7 @@ def test_detectors_get_training_targets(name, extra, no_downloads):
 
 
 def test_a_dict_of_losses_is_summed():
-    from flopcount.step import default_loss
+    from flopcount.model.step import default_loss
 
     losses = {"loss_classifier": torch.tensor(1.5), "loss_box_reg": torch.tensor(0.25),
               "loss_objectness": torch.tensor(2.0)}

@@ -12,7 +12,7 @@ import torch
 
 import flopcount
 from flopcount.cli import main
-from flopcount.estimators.dispatch import shape_label
+from flopcount.counting import shape_label
 
 # A conv (3 -> 8 channels, 3x3, stride 2, padding 1) on 16x16 images, a global average pool, a linear 8 -> 5; the
 # ReLU is one module called twice (after the conv and after the linear), so that its first call is the one shown.

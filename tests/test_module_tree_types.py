@@ -8,7 +8,7 @@ import pytest
 
 import flopcount
 from flopcount.cli import main
-from flopcount.models import build
+from flopcount.model.specs import build
 
 
 @pytest.fixture(scope="module")

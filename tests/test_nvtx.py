@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from flopcount.cli import main as cli
-from flopcount.errors import ModelSpecError
-from flopcount.profiles import ProfileError, analyze, compare_dispatch, load, parse_marker
-from flopcount import capture as capture_mod
+from flopcount.base.errors import ModelSpecError
+from flopcount.profiles import ProfileError, analyze, compare_dispatch, load_nsys as load, parse_marker
+from flopcount.recording import capture as capture_mod
 from flopcount.profiles.nesting import innermost, nest
 
 HERE = Path(__file__).resolve().parent
@@ -187,7 +187,7 @@ def test_capture_runs_the_step_module_then_exports(monkeypatch):
     record, export = nsys.commands
     assert record[:2] == ["nsys", "profile"] and export[:3] == ["nsys", "export", "--type"]
     child = record[record.index(sys.executable):]
-    assert child == [sys.executable, "-m", "flopcount.capture", "resnet18", "4", "3,32,32", "10", "3"]
+    assert child == [sys.executable, "-m", "flopcount.recording.capture", "resnet18", "4", "3,32,32", "10", "3"]
     assert export[-2:] == ["r18.sqlite", "r18.nsys-rep"]
 
 
@@ -225,7 +225,7 @@ def test_capture_rejects_a_bad_model_before_nsys_starts(monkeypatch):
 
 def test_capture_child_prints_its_error_as_one_line():
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    res = subprocess.run([sys.executable, "-m", "flopcount.capture", "no_such_model", "2", "", ""],
+    res = subprocess.run([sys.executable, "-m", "flopcount.recording.capture", "no_such_model", "2", "", ""],
                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert res.returncode == 2
     mine = [ln for ln in res.stderr.splitlines() if ln.startswith(capture_mod._CHILD_ERROR)]

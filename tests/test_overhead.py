@@ -3,10 +3,8 @@ import math
 
 import pytest
 
-from flopcount.timing import Measurement
-from flopcount.overhead import (
-    OOM, OVERHEAD_BOUND, SCALES, LadderError, overhead_ladder, parse_batches,
-)
+from flopcount.device.timing import Measurement
+from flopcount.analyses.overhead import OOM, OVERHEAD_BOUND, SCALES, LadderError, overhead_ladder, parse_batches
 
 
 def test_fixed_cost_plus_per_sample_cost():
@@ -57,7 +55,7 @@ def test_measurements_and_out_of_memory():
 
 
 def test_timing_module_out_of_memory_is_caught():
-    timing = pytest.importorskip("flopcount.timing")
+    timing = pytest.importorskip("flopcount.device.timing")
 
     def timer(b):
         if b > 1:

@@ -21,7 +21,7 @@ def _import_every_submodule():
 
 def test_public_functions_survive_every_submodule_import_and_a_second_call():
     names = _import_every_submodule()
-    assert "flopcount.utilization" in names and "flopcount.compare" in names
+    assert "flopcount.analyses.utilization" in names and "flopcount.analyses.compare" in names
     model = torch.nn.Linear(4, 3)
     x = torch.randn(2, 4)
     for _ in range(2):
@@ -69,11 +69,11 @@ def test_utilization_in_bfloat16_from_the_cli(capsys, flag):
 
 
 def test_an_internal_error_is_not_blamed_on_the_model(monkeypatch, capsys):
-    import flopcount.errors
-    import flopcount.estimators.dispatch as dispatch
+    import flopcount.base.errors
+    import flopcount.counting.engine as dispatch
 
     # a helper of the counter's own called wrongly: a TypeError raised in flopcount's code, after the model ran
-    monkeypatch.setattr(dispatch, "batch_size_of", flopcount.errors.one_line)
+    monkeypatch.setattr(dispatch, "batch_size_of", flopcount.base.errors.one_line)
     code, out, err = run(capsys, "count", "resnet18")
     assert code == 2 and len(err) == 1
     assert err[0].startswith("flopcount: internal error: TypeError") and "running" not in err[0]

@@ -19,8 +19,8 @@ def test_the_counting_snippet_runs_as_written(monkeypatch):
 
 
 def test_palm_is_5_1_percent_under_the_count_on_llama_gqa_tiny_as_the_readme_says():
-    from flopcount.compare import compare
-    from flopcount.models import build
+    from flopcount.analyses.compare import compare
+    from flopcount.model.specs import build
 
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as fh:
         assert "llama-gqa-tiny 5.1%" in fh.read()

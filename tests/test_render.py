@@ -13,10 +13,10 @@ import torch
 import torchvision
 
 import flopcount
-from flopcount import cpu_probe
+from flopcount.device import cpu_probe
 from flopcount.cli import main
 from flopcount.cli import render as R
-from flopcount.report import OWN
+from flopcount.base.report import OWN
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -320,7 +320,7 @@ def test_overhead_fits(mlp, capsys, monkeypatch):
 
 def test_overhead_table_units():
     from flopcount.cli.roofline import overhead_table
-    from flopcount.overhead import overhead_ladder
+    from flopcount.analyses.overhead import overhead_ladder
 
     res = overhead_ladder(lambda b: 0.002 * b, [1, 2, 4], model="m", device="cpu")
     text = overhead_table(res, "cpu", "median", width=100, color=False)

@@ -4,13 +4,12 @@ import math
 import pytest
 import torch
 
-from flopcount.datasheet import get_device, list_devices
-from flopcount.device_spec import DeviceSpec
-from flopcount.report import FlopReport
-from flopcount.roofline import (
-    COMPUTE, MEMORY, RooflineError, analyze, classify, intensity, ridge_point, roofline_time,
-)
-from flopcount.peak_policy import op_precision
+from flopcount.device.datasheet import get_device, list_devices
+from flopcount.device.spec import DeviceSpec
+from flopcount.base.report import FlopReport
+from flopcount.analyses.roofline import (COMPUTE, MEMORY, RooflineError, analyze, classify, intensity, ridge_point,
+                                         roofline_time)
+from flopcount.device.peak_policy import op_precision
 
 # A made-up device with round numbers: 100 TFLOP/s fp16, 10 TFLOP/s fp32, 1 TB/s.
 TOY = DeviceSpec(name="toy", peaks={"fp32": 10e12, "fp16": 100e12}, bandwidth=1e12, source="test")
@@ -162,12 +161,12 @@ def test_counted_ops_on_a100():
 def test_a_named_gpu_is_counted_with_its_kernels(monkeypatch):
     """``from_spec`` counts with the kernel choices of the device it is asked about (a GPU's attention and LSTM
     paths, not the CPU's that happens to run the count); a measured CPU spec keeps the CPU's."""
-    import flopcount.estimators.dispatch as dispatch
-    from flopcount import roofline
+    import flopcount.counting as engine
+    from flopcount.analyses import roofline
 
     seen = []
-    real = dispatch.count_step
-    monkeypatch.setattr(dispatch, "count_step", lambda *a, **k: seen.append(k.get("as_device")) or real(*a, **k))
+    real = engine.count_step
+    monkeypatch.setattr(engine, "count_step", lambda *a, **k: seen.append(k.get("as_device")) or real(*a, **k))
     roofline.from_spec("alexnet", "A100 SXM 80GB", batch=1, input_shape=(3, 64, 64), num_classes=10)
     cpu = DeviceSpec(name="cpu (test)", peaks={"fp32": 1e11}, bandwidth=1e10, source="test", measured=True,
                      kernels="cpu")

@@ -88,7 +88,7 @@ def test_overhead_runs_the_ladder(mlp, capsys):
 def test_roofline_takes_this_cpu_by_default_and_a_sequence_length(tmp_path, monkeypatch, capsys):
     import json
 
-    from flopcount import cpu_probe
+    from flopcount.device import cpu_probe
     from flopcount.cli import main
 
     monkeypatch.setenv("FLOPCOUNT_CACHE_DIR", str(tmp_path))
@@ -98,7 +98,7 @@ def test_roofline_takes_this_cpu_by_default_and_a_sequence_length(tmp_path, monk
     doc = json.loads(capsys.readouterr().out)
     assert doc["device"].startswith("cpu") and doc["peak_flops"] == 1e11 and doc["bandwidth"] == 1e10
     # 8 tokens, not the config's default length: the linear layers' forward alone is 2 x 8 x their weights
-    from flopcount.models import build
+    from flopcount.model.specs import build
 
     model, _, _ = build("hf:tests/fixtures/hf/llama-gqa-tiny", seq_len=8)
     weights = sum(m.weight.numel() for m in model.modules() if type(m).__name__ == "Linear")

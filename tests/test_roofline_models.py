@@ -4,10 +4,10 @@ import pytest
 import torch
 
 import flopcount
-from flopcount.datasheet import get_device
-from flopcount.inputs import example_inputs
-from flopcount.models import load_model
-from flopcount.roofline import COMPUTE, MEMORY, analyze
+from flopcount.device.datasheet import get_device
+from flopcount.model.inputs import example_inputs
+from flopcount.model.specs import load_model
+from flopcount.analyses.roofline import COMPUTE, MEMORY, analyze
 
 BATCH = 2
 P100 = get_device("P100 PCIe")            # 9.3e12 FLOP/s fp32, 732e9 B/s: ridge 12.70 FLOP/byte

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import flopcount
-from flopcount.datasheet import get_device
-from flopcount.roofline import RooflineError, analyze
+from flopcount.device.datasheet import get_device
+from flopcount.analyses.roofline import RooflineError, analyze
 
 
 def _llama():

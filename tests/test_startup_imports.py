@@ -57,7 +57,7 @@ def test_every_command_help_loads_neither_torch_nor_pandas(tmp_path, command):
 
 def test_peaks_json_is_the_table_with_its_numbers(tmp_path):
     """The rows printed without pandas carry the figures of the library's own table."""
-    from flopcount.datasheet import get_device
+    from flopcount.device.datasheet import get_device
 
     code, out, _ = loaded(tmp_path, MODULE, "peaks", "--format", "json")
     rows = {r["name"]: r for r in json.loads(out)}
@@ -71,7 +71,7 @@ def test_the_package_loads_its_public_names_on_first_use(tmp_path):
     function once the module of the same name is loaded)."""
     code, _, modules = loaded(tmp_path, "import flopcount; print(flopcount.__version__)")
     assert code == 0 and heavy(modules) == []
-    probe = ("import flopcount, flopcount.compare, flopcount.utilization, inspect; "
+    probe = ("import flopcount, flopcount.analyses.compare, flopcount.analyses.utilization, inspect; "
              "print(all(callable(getattr(flopcount, n)) for n in ('count', 'compare', 'utilization', "
              "'generate_cost', 'register_formula', 'register_estimator', 'available_estimators', 'get_estimator')), "
              "inspect.isfunction(flopcount.compare), inspect.isfunction(flopcount.utilization), "
@@ -91,24 +91,24 @@ def _python(code: str) -> str:
 
 def test_import_costs_no_torch_and_dtype_tables_need_none():
     out = _python("import sys, flopcount\n"
-                  "from flopcount.dtypes import precision_of, CHOICES\n"
+                  "from flopcount.base.dtypes import precision_of, CHOICES\n"
                   "print('torch' in sys.modules, precision_of('bf16'), precision_of('float', allow_tf32=True))")
     assert out == "False bf16 tf32"
 
 
 def test_public_names_resolve_on_first_use():
-    out = _python("import flopcount, flopcount.compare, flopcount.utilization\n"
+    out = _python("import flopcount, flopcount.analyses.compare, flopcount.analyses.utilization\n"
                   "from flopcount import compare, utilization, FlopReport, EstimatorError, estimators\n"
                   "print(callable(compare), compare.__module__, utilization.__module__, FlopReport.__name__,\n"
                   "      issubclass(EstimatorError, Exception), estimators.__name__, flopcount.compare is compare,\n"
                   "      'count' in dir(flopcount) and 'get_estimator' in dir(flopcount))")
-    assert out == "True flopcount.compare flopcount.utilization FlopReport True flopcount.estimators True True"
+    assert out == "True flopcount.analyses.compare flopcount.analyses.utilization FlopReport True flopcount.estimators True True"
 
 
 def test_parse_dtype_still_gives_torch_dtypes():
     import torch
 
-    from flopcount.dtypes import DtypeError, parse_dtype
+    from flopcount.base.dtypes import DtypeError, parse_dtype
 
     assert parse_dtype("bf16") is torch.bfloat16 and parse_dtype(torch.float16) is torch.float16
     assert parse_dtype(None) is None

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from flopcount import cli, study
-from flopcount.errors import OutOfMemory
-from flopcount.report import FlopReport
+from flopcount.base.errors import OutOfMemory
+from flopcount.base.report import FlopReport
 from flopcount.study import QUICK, StudyConfig, run_study
-from flopcount.timing import Measurement
+from flopcount.device.timing import Measurement
 
 PEAK = 1e6
 
@@ -317,7 +317,7 @@ def test_verdicts_follow_the_numbers():
 
 
 def test_log_bars_start_at_a_round_decade_well_below_the_smallest_bar():
-    from flopcount.plots import log_bars_bottom
+    from flopcount.analyses.plots import log_bars_bottom
 
     assert log_bars_bottom([0.63, 4.1, 1.8]) == pytest.approx(0.1)  # not 0.6: the bars' lengths stay honest
     assert log_bars_bottom([1.0, 3.0]) == pytest.approx(0.1)  # a bar exactly on a decade keeps a length

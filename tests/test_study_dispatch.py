@@ -4,9 +4,9 @@ convolutions and linear layers, 1:1 for ReLU and for the first layer. Every expe
 import pytest
 
 import flopcount
-from flopcount.inputs import example_inputs
-from flopcount.models import load_model
-from flopcount.ratios import first_layer, layer_types, ratio_rows
+from flopcount.model.inputs import example_inputs
+from flopcount.model.specs import load_model
+from flopcount.base.ratios import first_layer, layer_types, ratio_rows
 
 
 def count(name, batch):

@@ -10,10 +10,11 @@ import torch
 import torchvision
 
 import flopcount
-from flopcount import cpu_probe, datasheet, peak_policy, roofline
-from flopcount.models import load_model
+from flopcount.device import cpu_probe, datasheet, peak_policy
+from flopcount.analyses import roofline
+from flopcount.model.specs import load_model
 from flopcount.study import StudyConfig, TorchBackend, run_study
-from flopcount.timing import Measurement
+from flopcount.device.timing import Measurement
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -158,7 +159,7 @@ def test_on_a_gpu_the_study_holds_the_step_against_its_precision_mix(tmp_path, m
 
 class RecordedOnCPU(TorchBackend):
     """The NVTX estimator without a GPU: the profile is generated from a real CPU run of the same training steps,
-    marked by flopcount.nvtx as capture marks them (``nvtx_profile_gen``), then analysed by the study's own code,
+    marked by flopcount.recording.nvtx as capture marks them (``nvtx_profile_gen``), then analysed by the study's own code,
     de-duplicated and naive, per step."""
 
     def nvtx_available(self):
@@ -167,7 +168,7 @@ class RecordedOnCPU(TorchBackend):
     def _record(self, name, batch):
         import nvtx_profile_gen as gen
 
-        from flopcount.step import make_train_step
+        from flopcount.model.step import make_train_step
 
         torch.manual_seed(0)
         model, _ = load_model(name, num_classes=self.config.num_classes)

@@ -6,11 +6,11 @@ import math
 import pandas as pd
 import pytest
 
-from flopcount.datasheet import get_device
-from flopcount.report import FlopReport
-from flopcount.timemodel.core import COMPUTE, LAUNCH, MEMORY, Gemm, Params, Step, launches, op_time, tiling
-from flopcount.timemodel.predict import predict_report
-from flopcount.timemodel.versus import idle_share
+from flopcount.device.datasheet import get_device
+from flopcount.base.report import FlopReport
+from flopcount.device.timemodel.core import COMPUTE, LAUNCH, MEMORY, Gemm, Params, Step, launches, op_time, tiling
+from flopcount.analyses.prediction.predict import predict_report
+from flopcount.analyses.prediction.versus import idle_share
 
 # round parameters, so that every expected time below is a hand computation
 P = Params(matrix_efficiency=0.5, k_overhead=0.0, bandwidth_efficiency=0.8, bandwidth_half_bytes=1e6,
@@ -125,7 +125,7 @@ def test_readme_parameter_table_is_the_fitted_one():
     import os
     import re
 
-    from flopcount.timemodel.params import document
+    from flopcount.device.timemodel.params import document
 
     nv, amd = document()["params"]["nvidia"], document()["params"]["amd"]
     with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")) as fh:
@@ -146,7 +146,7 @@ def test_readme_parameter_table_is_the_fitted_one():
 def test_an_nsys_export_names_its_gpu(tmp_path):
     import sqlite3
 
-    from flopcount.timemodel.device import nsys_gpus, profile_device
+    from flopcount.device.timemodel.trace_device import nsys_gpus, profile_device
 
     db = tmp_path / "gpu.sqlite"
     con = sqlite3.connect(db)
@@ -166,8 +166,8 @@ def test_an_nsys_export_names_its_gpu(tmp_path):
 def test_product_shapes_are_noted_during_a_count():
     import torch
 
-    from flopcount.estimators.dispatch import count_step
-    from flopcount.timemodel.record import as_rates, shapes_noted
+    from flopcount.counting import count_step
+    from flopcount.device.timemodel.record import as_rates, shapes_noted
 
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
     with shapes_noted() as log:
@@ -188,7 +188,7 @@ def test_a_reducing_op_has_one_reducing_kernel():
 def test_bytes_of_a_profiled_call():
     import json
 
-    from flopcount.timemodel.calls import call_facts
+    from flopcount.analyses.prediction.calls import call_facts
 
     text = json.dumps([[[1024, 256], [1024, 256]], ["float", "float"], [None, None]])
     nbytes, dtype, gemms = call_facts("aten.add", text, 1024 * 256, "kineto")

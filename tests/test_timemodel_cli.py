@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from flopcount.timemodel.params import document
+from flopcount.device.timemodel.params import document
 from helpers import one_error_line, run_cli
 
 KINETO = Path(__file__).parent / "fixtures" / "kineto"

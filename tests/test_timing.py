@@ -2,10 +2,9 @@
 import pytest
 import torch
 
-from flopcount.errors import FlopcountError, oom_as_error
-from flopcount.step import make_train_step
-from flopcount.timing import (Measurement, OutOfMemory, TimingError, time_epoch,
-                              time_step)
+from flopcount.base.errors import FlopcountError, oom_as_error
+from flopcount.model.step import make_train_step
+from flopcount.device.timing import Measurement, OutOfMemory, TimingError, time_epoch, time_step
 
 
 class FakeClock:

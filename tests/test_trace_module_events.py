@@ -41,8 +41,8 @@ CASES = {"cnn": (CNN, "3,8,8"), "transformer": (TRANSFORMER, "6,16")}
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
-    from flopcount.models import build
-    from flopcount.step import make_loss, train_step_fn
+    from flopcount.model.specs import build
+    from flopcount.model.step import make_loss, train_step_fn
 
     folder = tmp_path_factory.mktemp("module_events")
     (folder / "models.py").write_text(MODELS)

@@ -1,4 +1,4 @@
-"""``flopcount nsys --by module`` from a user's own NVTX ranges named by module path (no flopcount.nvtx annotator):
+"""``flopcount nsys --by module`` from a user's own NVTX ranges named by module path (no flopcount.recording.nvtx annotator):
 generated exports of one training step of a small model, the user's ranges pushed around chosen modules' forward,
 in the default domain, in a domain of their own and behind a prefix; each range's FLOPs checked against the ops
 placed inside it by hand."""

@@ -6,12 +6,13 @@ import textwrap
 import pytest
 import torch
 
-from flopcount import cli, cpu_probe
-from flopcount.errors import FlopcountError, UnknownDevice, UnknownPeak
-from flopcount.peak_policy import precision_mix, resolve_peak
-from flopcount.report import FlopReport
-from flopcount.timing import OutOfMemory
-from flopcount.utilization import utilization
+from flopcount import cli
+from flopcount.device import cpu_probe
+from flopcount.base.errors import FlopcountError, UnknownDevice, UnknownPeak
+from flopcount.device.peak_policy import precision_mix, resolve_peak
+from flopcount.base.report import FlopReport
+from flopcount.device.timing import OutOfMemory
+from flopcount.analyses.utilization import utilization
 
 N, IN, OUT = 4, 16, 8
 # Hand count of one step of Linear(16, 8, bias=False) on a (4, 16) batch with loss = output.sum():
@@ -208,7 +209,7 @@ def half_second_steps(monkeypatch):
     """The timer's host clock ticks 0.5 s per reading: every timed step takes exactly 0.5 s."""
     import types
 
-    from flopcount import timing
+    from flopcount.device import timing
 
     monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=fake_clock(0.5)))
 

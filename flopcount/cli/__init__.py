@@ -1,4 +1,4 @@
 """The ``flopcount`` command line; see ``main`` for the commands and the exit codes."""
-from .main import build_parser, main
+from flopcount.cli.main import build_parser, main
 
 __all__ = ["build_parser", "main"]

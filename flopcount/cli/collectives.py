@@ -10,7 +10,7 @@ HINT = "--device-spec NAME adds the link each group crosses and the time on it"
 def collective_table(frame, device: Optional[str] = None, width=None, color=None, title=()) -> str:
     """One row per kind, group and phase: calls, bytes this rank sends, the reductions' FLOPs, and on a device the
     link and the time there."""
-    from . import render as R
+    from flopcount.cli import render as R
 
     cols = [R.Col("kind"), R.Col("group"), R.Col("phase"), R.Col("calls", R.INT), R.Col("sent", R.BYTES, "sent"),
             R.Col("flops", R.FLOPS, "FLOPs", drop=1)]

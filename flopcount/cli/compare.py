@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .main import EXIT_OK, add_format, add_model, output_file, print_json, warn
+from flopcount.cli.common import EXIT_OK, add_format, add_model, output_file, print_json, warn
 
 
 def add(sub) -> None:
@@ -19,11 +19,11 @@ def add(sub) -> None:
 
 def run(args) -> int:
     """Run ``flopcount compare``: every estimator on the model, printed as a table, csv or json; its exit code."""
-    from ..compare import compare, to_json
-    from ..errors import model_errors
-    from ..estimators.base import resolve_names
-    from ..inputs import input_source
-    from ..models import build
+    from flopcount.analyses.compare import compare, to_json
+    from flopcount.base.errors import model_errors
+    from flopcount.estimators.base import resolve_names
+    from flopcount.model.inputs import input_source
+    from flopcount.model.specs import build
 
     names = resolve_names(args.estimators)  # an unknown name fails here, before the model is built
     # the peers run the model for real: real weights, seeded random inputs
@@ -46,7 +46,7 @@ def run(args) -> int:
     else:
         print(compare_table(table, name))
     if args.plot:  # after the table: a figure that cannot be written must not cost what was computed
-        from ..plots import compare_totals
+        from flopcount.analyses.plots import compare_totals
 
         sys.stdout.flush()
         compare_totals(table, args.plot, title=f"{name}, batch {args.batch}")
@@ -59,8 +59,8 @@ def compare_table(table, name: str, width=None, color=None) -> str:
     (left out first when the terminal is narrow). Below: each estimator that failed or was left out, in one line
     with its reason; each estimator's uncounted ops in one line; each reason why rows differ said once, with the
     estimators and rows it applies to (the csv and json keep the reason of every row)."""
-    from ..compare import ERROR, grouped_reasons
-    from . import render as R
+    from flopcount.analyses.compare import ERROR, grouped_reasons
+    from flopcount.cli import render as R
 
     shown = table[table["op"] != ERROR].drop(columns=["uncounted", "reason"])
     ests = [c for c in shown.columns[2:] if not c.startswith("rel:")]

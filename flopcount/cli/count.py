@@ -4,8 +4,8 @@ from __future__ import annotations
 import json
 import sys
 
-from .collectives import collective_table, family_apart
-from .main import (EXIT_CHECK_FAILED, EXIT_OK, add_all, add_format, add_model, add_parallel, add_top,
+from flopcount.cli.collectives import collective_table, family_apart
+from flopcount.cli.common import (EXIT_CHECK_FAILED, EXIT_OK, add_all, add_format, add_model, add_parallel, add_top,
                    natural_int, parallel_world, print_frame, print_json, records, warn)
 
 DEFAULT_DEPTH = 2
@@ -48,14 +48,15 @@ def add(sub) -> None:
 
 def run(args) -> int:
     """Run ``flopcount count``: one count of the model's step, printed as asked; its exit code."""
-    from .. import count, eval_mode_note, get_estimator
-    from ..errors import FlopcountError, model_errors
-    from ..inputs import input_source
-    from ..models import build
-    from ..models_hf import is_hf
-    from ..progress import counting
-    from ..scaling import check_scaling
-    from .infer import whole_counts
+    from flopcount.estimators import get_estimator
+    from flopcount.estimators.entry import count, eval_mode_note
+    from flopcount.base.errors import FlopcountError, model_errors
+    from flopcount.model.inputs import input_source
+    from flopcount.model.specs import build
+    from flopcount.model.hf import is_hf
+    from flopcount.base.progress import counting
+    from flopcount.analyses.scaling import check_scaling
+    from flopcount.cli.infer import whole_counts
 
     if args.by is None:
         args.by = "module" if args.depth is not None else "op"
@@ -70,7 +71,7 @@ def run(args) -> int:
                              "sharded count: give --fsdp N and/or --tp M")
     spec = None
     if args.device_spec is not None:
-        from ..datasheet import get_device
+        from flopcount.device.datasheet import get_device
 
         spec = get_device(args.device_spec)  # an unknown name fails here, before the count
     # an estimator that runs the model needs real weights and inputs; the dispatch counter needs neither
@@ -105,7 +106,7 @@ def run(args) -> int:
              + ", ".join(f"{op} x{n}" for op, n in report.uncounted.items()))
     comm = None
     if world is not None:
-        from ..distributed.links import collectives
+        from flopcount.distributed.links import collectives
 
         comm = collectives(report, spec)
     if args.format == "json":
@@ -148,7 +149,7 @@ def count_table(report, by: str, *, depth=None, top=None, width=None, color=None
                 show_all: bool = False) -> str:
     """The table of ``flopcount count``: per op, family, phase or module (a tree with ``depth``), with shares; per op
     or family without the rows of 0 FLOPs (views, copies) unless ``show_all``, the footer says how many."""
-    from . import render as R
+    from flopcount.cli import render as R
 
     phases = [p for p in ("forward", "backward", "optimizer") if p in report.phases]
     grand = report.total()
@@ -207,7 +208,7 @@ def count_table(report, by: str, *, depth=None, top=None, width=None, color=None
 
 
 def _headline(report) -> str:
-    from . import render as R
+    from flopcount.cli import render as R
 
     return R.headline(report.model or "model", batch=report.batch_size, input=R.input_label(report.meta),
                       estimator=report.estimator, device=report.meta.get("device"), phases=",".join(report.phases),
@@ -216,7 +217,7 @@ def _headline(report) -> str:
 
 def mismatch_table(mismatches) -> str:
     """The ops of ``--check-scaling`` that do not scale with the batch, with their exact counts."""
-    from . import render as R
+    from flopcount.cli import render as R
 
     # exact counts: a mismatch of a few FLOPs would vanish in SI units
     cols = [R.Col("module"), R.Col("op"), R.Col("phase"), R.Col("flops_1", R.INT, "batch 1"),
@@ -251,7 +252,7 @@ def tree_top(tree, n, sums):
     other leaves summed into one "other" row, so that the leaves shown and "other" add up to the root."""
     import pandas as pd
 
-    from ..report import OWN
+    from flopcount.base.report import OWN
 
     if n is None:
         return tree

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import sys
 
-from ..dtypes import CHOICES as DTYPES
-from .main import (EXIT_OK, add_all, add_format, add_top, natural_int, positive_float, positive_int, print_frame,
+from flopcount.base.dtypes import CHOICES as DTYPES
+from flopcount.cli.common import (EXIT_OK, add_all, add_format, add_top, natural_int, positive_float, positive_int, print_frame,
                    print_json, records, warn)
 
 LEGEND = ("1 multiply-add = 2 FLOPs; k M G T = 1e3 1e6 1e9 1e12; bytes: each op's inputs read and outputs written "
@@ -65,7 +65,7 @@ def run(args) -> int:
     """Run ``flopcount infer``: a generation's (or a forward's) count, roofline or measured run, printed as asked."""
     from tqdm import tqdm
 
-    from ..infer import from_spec
+    from flopcount.analyses.infer import from_spec
 
     bar = lambda steps: tqdm(steps, desc="decode steps", unit="step", file=sys.stderr, leave=False,  # noqa: E731
                              disable=None)
@@ -77,8 +77,8 @@ def run(args) -> int:
     gen = result.generation
     timed = None
     if args.device_spec and result.prediction is not None:  # the time model beside the roofline
-        from ..datasheet import get_device
-        from ..timemodel.generation import generation_doc, predict_generation
+        from flopcount.device.datasheet import get_device
+        from flopcount.analyses.prediction.generation import generation_doc, predict_generation
 
         spec = get_device(args.device_spec)
         if spec.sms:  # a GPU of the table: the model's parameters are fitted on GPUs
@@ -100,7 +100,7 @@ def run(args) -> int:
         return EXIT_OK
     print(infer_table(result, args.by, depth=args.depth, top=args.top, show_all=args.show_all))
     if timed is not None:
-        from .predict import generation_table
+        from flopcount.cli.predict import generation_table
 
         print(generation_table(timed))
     if result.prediction is None:
@@ -114,10 +114,10 @@ def whole_counts(args):
 
     stack = ExitStack()
     if getattr(args, "every_step", False):
-        from ..infer.stretches import every_step
+        from flopcount.analyses.infer.stretches import every_step
         stack.enter_context(every_step())
     if getattr(args, "every_block", False):
-        from ..estimators.blocks import every_block
+        from flopcount.counting.blocks import every_block
         stack.enter_context(every_block())
     return stack
 
@@ -154,7 +154,7 @@ def infer_table(result, by: str = "phase", *, depth=None, top=None, width=None, 
                 show_all: bool = False) -> str:
     """The phase summary (or the table ``by`` asks for) and, on a device, each phase's roofline; without the
     columns of zeros (a CNN's tokens and KV cache) and the rows of 0 FLOPs, unless ``show_all``."""
-    from . import render as R
+    from flopcount.cli import render as R
 
     gen = result.generation
     title = [R.headline(gen.model, batch=gen.batch, prompt=gen.prompt_len or None, new=gen.new_tokens or None,
@@ -208,7 +208,7 @@ def infer_table(result, by: str = "phase", *, depth=None, top=None, width=None, 
 def roofline_table(result, width=None, color=None) -> str:
     """Each phase's roofline on the device: its least time, per forward and token, tokens/s, the bound, and MFU and MBU
     where a rate was measured."""
-    from . import render as R
+    from flopcount.cli import render as R
 
     pred = result.prediction
     rows = []

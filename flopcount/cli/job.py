@@ -5,7 +5,7 @@ from __future__ import annotations
 import glob
 import os
 
-from .main import EXIT_OK, UsageError, output_file, positive_float, positive_int, print_frame, print_json
+from flopcount.cli.common import EXIT_OK, UsageError, positive_float, positive_int, print_frame, print_json
 
 
 def add_options(p) -> None:
@@ -28,7 +28,7 @@ def is_job(args) -> bool:
 
 def run(args) -> int:
     """Run ``trace``/``nsys`` over every rank of a job and print the ranks, the job and its stragglers."""
-    from ..profiles.job import read_job
+    from flopcount.profiles.job import read_job
 
     single = {"naive": False, "by": "op", "module_ranges": None, "compare_inductor": False, "predict": False}
     for name, default in single.items():
@@ -37,7 +37,7 @@ def run(args) -> int:
     job = read_job([args.profile] + list(args.more), "trace" if args.command == "trace" else "nsys",
                    workers=args.workers, scheduler=args.scheduler, peak=args.peak, device_spec=args.device_spec)
     if args.plot:
-        from ..plots import plot_job
+        from flopcount.analyses.plots import plot_job
 
         plot_job(job, args.plot)
     if args.format == "json":
@@ -52,7 +52,7 @@ def run(args) -> int:
 
 def job_table(job, top=None) -> str:
     """The job as a table: a row per rank (its time split and MFU), the spread and the stragglers."""
-    from . import render as R
+    from flopcount.cli import render as R
 
     j = job.job
     title = [R.headline(f"{j['ranks']} ranks", step=R.seconds(j["step_s"]),

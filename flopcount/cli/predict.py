@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import sys
 
-from ..dtypes import CHOICES as DTYPES
-from .main import (EXIT_OK, add_format, add_model, add_parallel, add_top, output_file, parallel_world, print_frame,
+from flopcount.base.dtypes import CHOICES as DTYPES
+from flopcount.cli.common import (EXIT_OK, add_format, add_model, add_parallel, add_top, output_file, parallel_world, print_frame,
                    print_json, records)
 
 MODES = ("eager", "compiled", "graph")
@@ -35,7 +35,7 @@ def add(sub) -> None:
 
 def run(args) -> int:
     """Run ``flopcount predict``: count the step, price it on the device, print it as asked."""
-    from ..timemodel.predict import from_spec
+    from flopcount.analyses.prediction.predict import from_spec
 
     pred = from_spec(args.model, args.device_spec, batch=args.batch, dtype=args.dtype, autocast=args.autocast,
                      tf32=args.tf32, input_shape=args.input_shape, num_classes=args.num_classes,
@@ -54,7 +54,7 @@ def run(args) -> int:
 
 def predict_table(pred, table, by: str, top=None, width=None, color=None) -> str:
     """The prediction as a table: the step and its phases in the title, then the rows of ``table``."""
-    from . import render as R
+    from flopcount.cli import render as R
 
     s = pred.summary()
     title = [R.headline(pred.model, batch=pred.batch_size, device=pred.spec.name, mode=pred.mode),
@@ -95,7 +95,7 @@ def add_predict(p) -> None:
 
 def run_versus(args, kind: str) -> int:
     """``trace|nsys FILE --predict``."""
-    from ..timemodel.versus import compare
+    from flopcount.analyses.prediction.versus import compare
 
     v = compare(args.profile, kind=kind, device_spec=args.device_spec)
     s = v.summary()
@@ -109,7 +109,7 @@ def run_versus(args, kind: str) -> int:
     else:
         print(versus_table(v, args.profile, top=args.top))
     if args.plot:
-        from ..plots import plot_versus
+        from flopcount.analyses.plots import plot_versus
 
         sys.stdout.flush()
         plot_versus(v, args.plot)
@@ -125,7 +125,7 @@ def _lost(ops):
 
 def versus_table(v, profile: str, top=None, width=None, color=None) -> str:
     """A profile's measured GPU time beside the predicted one, per op, and the ops that lose most."""
-    from . import render as R
+    from flopcount.cli import render as R
 
     s = v.summary()
     err = s["sum_error"]
@@ -155,7 +155,7 @@ def generation_table(doc, width=None, color=None) -> str:
     what bounds it."""
     import pandas as pd
 
-    from . import render as R
+    from flopcount.cli import render as R
 
     f = pd.DataFrame(list(doc["phases"].values()))
     title = [f"predicted on {doc['device']} ({doc['mode']}): time to first token {R.seconds(doc['ttft'])}, "

@@ -1,12 +1,12 @@
 """``flopcount nsys PROFILE.sqlite`` and ``flopcount trace TRACE.json[.gz]`` (per-op FLOPs and device time of a
-recorded step; with ``--by step|phase|module``, of the steps, phases and modules flopcount.nvtx marked, or for
+recorded step; with ``--by step|phase|module``, of the steps, phases and modules flopcount.recording.nvtx marked, or for
 ``--by module`` a user's own NVTX or record_function ranges named by module path) and
 ``flopcount capture``."""
 from __future__ import annotations
 
-from . import job
-from .predict import add_predict, run_versus
-from .main import (EXIT_OK, UsageError, add_all, add_format, add_model, add_top, output_folder, positive_int, print_frame,
+from flopcount.cli import job
+from flopcount.cli.predict import add_predict, run_versus
+from flopcount.cli.common import (EXIT_OK, UsageError, add_all, add_format, add_model, add_top, output_folder, positive_int, print_frame,
                    print_json, records, warn)
 
 
@@ -19,12 +19,12 @@ def add(sub) -> None:
     p.add_argument("profile", help="PROFILE.sqlite (nsys export --type sqlite)")
     p.add_argument("--naive", action="store_true", help="count the way the 2021 study's tool did")
     p.add_argument("--by", choices=("op", "step", "phase", "module") + KERNEL_KEYS, default="op",
-                   help="op: emit_nvtx markers; step, phase, module: the ranges flopcount.nvtx.annotate marked "
+                   help="op: emit_nvtx markers; step, phase, module: the ranges flopcount.recording.nvtx.annotate marked "
                         "(module: else your own ranges named by module path, layer1.0.conv1); device, stream, "
                         "kernel: the kernels, where they ran (a multi-GPU export per GPU)")
     p.add_argument("--module-ranges", metavar="DOMAIN_OR_PREFIX", default=None,
                    help="--by module from your own NVTX ranges: those of this domain, or those whose text is this "
-                        "prefix + a module path (default: flopcount.nvtx's, else the default domain's ranges named "
+                        "prefix + a module path (default: flopcount.recording.nvtx's, else the default domain's ranges named "
                         "like a module path)")
     add_top(p)
     add_all(p)
@@ -73,7 +73,7 @@ def run(args) -> int:
     if getattr(args, "device_spec", None) or getattr(args, "plot", None):
         raise UsageError("--device-spec and --plot apply to --predict or to a job of several profiles")
     if args.command == "trace":
-        from ..profiles import analyze_trace
+        from flopcount.profiles import analyze_trace
 
         if args.module_ranges is not None and args.by != "module":  # said before a large trace is read
             raise UsageError("--module-ranges applies to --by module")
@@ -90,19 +90,19 @@ def run(args) -> int:
     if args.module_ranges is not None and args.by != "module":
         raise UsageError("--module-ranges applies to --by module")
     if args.by in KERNEL_KEYS:
-        from ..profiles import analyze
+        from flopcount.profiles import analyze, load_nsys
 
-        return _by_kernels(args, analyze(args.profile))
+        return _by_kernels(args, analyze(load_nsys(args.profile)))
     if args.by != "op":
         return _annotated(args)
-    from ..profiles import analyze
+    from flopcount.profiles import analyze, load_nsys
 
-    return _print(args, analyze(args.profile, naive=args.naive), "nsys")
+    return _print(args, analyze(load_nsys(args.profile), naive=args.naive), "nsys")
 
 
 def _by_phase(args, a) -> int:
     """The per-op rows summed per phase: FLOPs, calls, kernels, device time and its share, FLOP/s."""
-    from . import render as R
+    from flopcount.cli import render as R
 
     table = a.ops.groupby("phase", sort=False)[["flops", "naive_flops", "calls", "kernels", "gpu_s"]].sum(
         min_count=1)
@@ -134,7 +134,7 @@ def _by_phase(args, a) -> int:
 def _by_kernels(args, a) -> int:
     """The kernels grouped by the device, the stream or the name they ran under: count, device time and its
     share, and (with shapes) the FLOPs of the ops whose kernels ran there."""
-    from . import render as R
+    from flopcount.cli import render as R
 
     table = a.by_kernels(args.by)
     if args.format == "json":
@@ -183,7 +183,7 @@ def _print(args, a, kind: str) -> int:
 
 
 def _capture(args) -> int:
-    from ..capture import capture, capture_kineto
+    from flopcount.recording.capture import capture, capture_kineto
 
     if args.kineto:
         path = capture_kineto(args.model, args.batch, out=args.out, input_shape=args.input_shape,
@@ -200,7 +200,7 @@ def nsys_table(a, profile: str, naive: bool = False, top=None, notes=(), width=N
     """Per op and phase: FLOPs (de-duplicated and naive), calls, kernels, device time with its share, FLOP/s
     (CPU time on a trace without device activity); the columns of zeros (a CPU trace's kernels) hidden unless
     ``show_all``."""
-    from . import render as R
+    from flopcount.cli import render as R
 
     ops = a.ops.set_index(["op", "phase"])[["flops", "naive_flops", "calls", "kernels", "gpu_s"]]
     gpu = float(ops["gpu_s"].sum())
@@ -245,7 +245,7 @@ def nsys_table(a, profile: str, naive: bool = False, top=None, notes=(), width=N
 
 def time_footer(a, limit: int = 6) -> list:
     """The share of the time whose FLOPs are counted, zero and not known, and what ran the time not known."""
-    from . import render as R
+    from flopcount.cli import render as R
 
     shares = getattr(a, "time_shares", None) or {}
     if not shares or not a.has_shapes:
@@ -276,8 +276,8 @@ def _time_doc(a) -> dict:
 
 def _compare_inductor(args, a) -> int:
     """flopcount's FLOPs per op beside torch._inductor.analysis.profile_analysis's per-kernel figures."""
-    from ..profiles.inductor_peer import compare
-    from . import render as R
+    from flopcount.profiles.inductor_peer import compare
+    from flopcount.cli import render as R
 
     t = compare(a, args.profile)
     if args.format == "json":
@@ -321,7 +321,7 @@ def _unknown_kinds(a, unknown) -> dict:
 
 
 def _annotated(args, trace: bool = False) -> int:
-    from ..profiles.annotations import NO_MARKERS, NO_SHAPES, TRACE_NO_SHAPES, load, load_trace
+    from flopcount.profiles.annotations import NO_MARKERS, NO_SHAPES, TRACE_NO_SHAPES, load, load_trace
 
     if args.naive:
         raise UsageError("--naive counts ops: use it with --by op")
@@ -351,7 +351,7 @@ def annotation_table(ann, table, profile: str, by: str, seconds, top=None, notes
     kernels, and with emit_nvtx markers inside, FLOPs and FLOP/s."""
     import numpy as np
 
-    from . import render as R
+    from flopcount.cli import render as R
 
     head = {"steps": len(seconds)}
     if len(seconds):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from ..dtypes import CHOICES as DTYPES
-from .main import (EXIT_OK, add_format, add_model, add_parallel, add_top, fraction, natural_float, natural_int,
+from flopcount.base.dtypes import CHOICES as DTYPES
+from flopcount.cli.common import (EXIT_OK, add_format, add_model, add_parallel, add_top, fraction, natural_float, natural_int,
                    output_file, parallel_world, positive_float, positive_int, print_frame, print_json, records, warn)
 
 
@@ -50,7 +50,7 @@ def run(args) -> int:
 
 
 def _roofline(args) -> int:
-    from ..roofline import from_spec
+    from flopcount.analyses.roofline import from_spec
 
     roof = from_spec(args.model, args.device_spec, batch=args.batch, dtype=args.dtype, tf32=args.tf32,
                      measured_seconds=args.measured, input_shape=args.input_shape, num_classes=args.num_classes,
@@ -65,7 +65,7 @@ def _roofline(args) -> int:
         for note in roof.notes:
             warn(note)
     if args.plot:  # after the table: a figure that cannot be written must not cost what was computed
-        from ..plots import plot_roofline
+        from flopcount.analyses.plots import plot_roofline
 
         sys.stdout.flush()
         plot_roofline(roof, args.plot)
@@ -75,8 +75,8 @@ def _roofline(args) -> int:
 
 
 def _overhead(args) -> int:
-    from ..overhead import from_spec
-    from ..progress import bar as progress_bar
+    from flopcount.analyses.overhead import from_spec
+    from flopcount.base.progress import bar as progress_bar
 
     bar = lambda bs: progress_bar(bs, desc="batch ladder", unit="batch", wanted=not args.no_progress)  # noqa: E731
     res = from_spec(args.model, args.batches, device=args.device, threads=args.threads, num_classes=args.num_classes,
@@ -98,7 +98,7 @@ def _overhead(args) -> int:
 def roofline_table(roof, by: str, dtype: str = "", top=None, width=None, color=None) -> str:
     """Per group: FLOPs, bytes, intensity, the compute, memory and roofline times, the share of the step's
     roofline time and the verdict, under the step's own summary."""
-    from . import render as R
+    from flopcount.cli import render as R
 
     spec = roof.spec
     g = roof.by(by)
@@ -135,7 +135,7 @@ def roofline_table(roof, by: str, dtype: str = "", top=None, width=None, color=N
 
 
 def _intensity(flops, nbytes):
-    from ..roofline import intensity
+    from flopcount.analyses.roofline import intensity
 
     return intensity(flops, nbytes)
 
@@ -143,7 +143,7 @@ def _intensity(flops, nbytes):
 def overhead_table(res, where: str, stat: str, width=None, color=None) -> str:
     """The batch-doubling ladder of ``flopcount overhead``: seconds per step and per sample at each batch, and the
     verdict."""
-    from . import render as R
+    from flopcount.cli import render as R
 
     cols = [R.Col("batch", R.INT), R.Col("seconds", R.SECONDS, "s/step"), R.Col("iqr", R.SECONDS, "IQR", drop=3),
             R.Col("runs", R.INT, drop=2), R.Col("per_sample", R.SECONDS, "s/sample", drop=4),

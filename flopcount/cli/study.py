@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .main import (EXIT_CHECK_FAILED, EXIT_OK, add_format, natural_int, output_folder, positive_float, positive_int,
+from flopcount.cli.common import (EXIT_CHECK_FAILED, EXIT_OK, add_format, natural_int, output_folder, positive_float, positive_int,
                    print_json, records, warn)
 
 
@@ -47,7 +47,7 @@ def study_folder(text: str) -> str:
 
 def run(args) -> int:
     """Run ``flopcount study``: the grid into the output folder, then its summary as asked."""
-    from ..study import run_study, study_config
+    from flopcount.study import run_study, study_config
 
     config = study_config(args)
     res = run_study(config, args.out, resume=args.resume, progress=not args.no_progress,
@@ -66,8 +66,8 @@ def run(args) -> int:
 
 def study_table(res, width=None, color=None) -> str:
     """What the run left, then utilization per model, by method and batch size (the report has the rest)."""
-    from ..study import tables
-    from . import render as R
+    from flopcount.study import tables
+    from flopcount.cli import render as R
 
     frame = res.results
     bad = frame[frame["status"] != "ok"] if len(frame) else frame

@@ -6,8 +6,8 @@ import os
 import sys
 from typing import List
 
-from ..errors import FlopcountError
-from .main import (EXIT_OK, add_format, add_model, add_parallel, natural_int, parallel_world, positive_float,
+from flopcount.base.errors import FlopcountError
+from flopcount.cli.common import (EXIT_OK, add_format, add_model, add_parallel, natural_int, parallel_world, positive_float,
                    positive_int, print_json)
 
 
@@ -41,7 +41,7 @@ def run(args) -> int:
 
 
 def _utilization(args) -> int:
-    from ..utilization import from_spec
+    from flopcount.analyses.utilization import from_spec
 
     if args.batch is None and args.scope != "one":
         raise FlopcountError("give the batch size with --batch N")
@@ -66,7 +66,7 @@ def _utilization(args) -> int:
 
 def lines(u, width=None) -> List[str]:
     """The human-readable summary of a Utilization."""
-    from . import render as R
+    from flopcount.cli import render as R
 
     spread = f", IQR {R.seconds(u.seconds_spread)}" if u.seconds_spread is not None else ""
     ranks = f" x {u.world_size} processes" if u.world_size > 1 else ""
@@ -101,8 +101,8 @@ def lines(u, width=None) -> List[str]:
 
 def _peaks(args) -> int:
     # plain rows, not a DataFrame: reading a CSV and printing it should not wait seconds for pandas to load
-    from ..cpu_probe import cached_cpu_readings
-    from ..datasheet import device_rows
+    from flopcount.device.cpu_probe import cached_cpu_readings
+    from flopcount.device.datasheet import device_rows
 
     if args.probe_cpu:
         _probe_cpu()
@@ -121,7 +121,7 @@ def _peaks(args) -> int:
 def _probe_cpu() -> None:
     """Measure this CPU again (the cache keeps the best reading) and say on stderr what was measured and how busy
     the machine was: a probe under load reads low."""
-    from ..cpu_probe import busy, cpu_spec, machine_load
+    from flopcount.device.cpu_probe import busy, cpu_spec, machine_load
 
     load = machine_load()
     print("flopcount: measuring this CPU's fp32 peak and bandwidth (a few seconds)...", file=sys.stderr)
@@ -135,7 +135,7 @@ def _probe_cpu() -> None:
 
 def peaks_table(rows, sources: bool = False, width=None, color=None, cpu=()) -> str:
     """The devices' peaks per precision and bandwidth (with ``sources``, where each figure comes from)."""
-    from . import render as R
+    from flopcount.cli import render as R
 
     precisions = [("fp64", 5), ("fp32", None), ("tf32", 4), ("fp16", 3), ("bf16", 2), ("fp16_nontensor", 1)]
     cols = [R.Col("name", header="device")] + [

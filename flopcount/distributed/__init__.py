@@ -9,9 +9,9 @@ steps counted per rank in one process on a fake process group.
 """
 from __future__ import annotations
 
-from .layout import Layout, UnsupportedLayout, layout_of
-from .plan import is_parallelized, ranks_per_batch
-from .processes import launched_group, reduce, world_size, wrap_ddp
+from flopcount.distributed.layout import Layout, UnsupportedLayout, layout_of
+from flopcount.distributed.plan import is_parallelized, ranks_per_batch
+from flopcount.distributed.processes import launched_group, reduce, world_size, wrap_ddp
 
 __all__ = ["Layout", "UnsupportedLayout", "layout_of", "launched_group", "reduce", "world_size", "wrap_ddp",
            "count_sharded", "count_parallelized", "is_parallelized", "ranks_per_batch",
@@ -20,14 +20,14 @@ __all__ = ["Layout", "UnsupportedLayout", "layout_of", "launched_group", "reduce
 
 def count_sharded(model, inputs, world, **options):
     """One rank's training step of ``model`` sharded as ``world`` says (see ``sharded.count_sharded``)."""
-    from .sharded import count_sharded as count
+    from flopcount.distributed.sharded import count_sharded as count
 
     return count(model, inputs, world, **options)
 
 
 def count_parallelized(model, inputs, **options):
     """A model sharded by its owner, counted as it is (see ``sharded.count_parallelized``)."""
-    from .sharded import count_parallelized as count
+    from flopcount.distributed.sharded import count_parallelized as count
 
     return count(model, inputs, **options)
 
@@ -38,7 +38,7 @@ def shard_launched(model, world, device: str):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from .plan import parallelize
+    from flopcount.distributed.plan import parallelize
 
     layout = layout_of(world)
     if not dist.is_initialized() or dist.get_world_size() != layout.world:

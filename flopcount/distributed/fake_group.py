@@ -11,7 +11,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator
 
-from .layout import Layout, UnsupportedLayout
+from flopcount.distributed.layout import Layout, UnsupportedLayout
 
 
 @contextmanager

@@ -12,7 +12,7 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
-from ..errors import FlopcountError
+from flopcount.base.errors import FlopcountError
 
 
 class UnsupportedLayout(FlopcountError):

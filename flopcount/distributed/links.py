@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Mapping, Tuple
 
-from .layout import UnsupportedLayout
+from flopcount.distributed.layout import UnsupportedLayout
 
 NVLINK, NETWORK = "nvlink", "network"
 

@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from .layout import Layout, UnsupportedLayout
+from flopcount.distributed.layout import Layout, UnsupportedLayout
 
 TORCHTITAN_PLAN = {
     "tok_embeddings": "embedding_rowwise", "layers.*.attention.wq": "colwise",

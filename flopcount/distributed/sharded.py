@@ -26,13 +26,13 @@ from typing import Callable, Optional
 
 import torch
 
-from .. import collector
-from ..errors import FlopcountError
-from ..estimators import blocks
-from ..estimators.dispatch import AsGiven, aside, count_step, whole_report
-from .fake_group import fake_world
-from .layout import layout_of
-from .plan import check_degrees, is_parallelized, parallelize, plan_notes
+from flopcount.base import collector
+from flopcount.base.errors import FlopcountError
+from flopcount.counting import blocks
+from flopcount.counting import AsGiven, aside, count_step, whole_report
+from flopcount.distributed.fake_group import fake_world
+from flopcount.distributed.layout import layout_of
+from flopcount.distributed.plan import check_degrees, is_parallelized, parallelize, plan_notes
 
 
 @contextmanager

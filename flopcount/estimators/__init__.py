@@ -1,5 +1,5 @@
 """Pluggable FLOP estimators: each answers a Request with a FlopReport. The protocol and the registry: base.py."""
-from .base import (Capabilities, Estimator, EstimatorError, Request, available, check, get_estimator,
+from flopcount.estimators.base import (Capabilities, Estimator, EstimatorError, Request, available, check, get_estimator,
                    register_estimator, run)
 
 __all__ = ["Capabilities", "Estimator", "EstimatorError", "Request", "available", "check", "get_estimator",

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Callable, Dict, Optional, Protocol, Tuple, runtime_checkable
 
-from ..errors import FlopcountError, one_line, shorten
-from ..report import PHASES, FlopReport
+from flopcount.base.errors import FlopcountError, one_line, shorten
+from flopcount.base.report import PHASES, FlopReport
 # the peers watch modules, and call the model as the step does, through these
-from ..model_calls import call_model, module_stack  # noqa: F401
-from ..step import batch_size_of, make_loss
+from flopcount.model.calls import call_model, module_stack  # noqa: F401
+from flopcount.model.step import batch_size_of, make_loss
 
 ENTRY_POINT_GROUP = "flopcount.estimators"
 DEVICES = ("meta", "cpu", "cuda")
@@ -169,8 +169,8 @@ def make_request(model, inputs, *, backward: bool = True, loss_fn: Optional[Call
     if unknown:
         raise EstimatorError(f"unknown option(s) {', '.join(sorted(unknown))}; the step's options are "
                              f"{', '.join(_OPTIONS)}")
-    from ..api_checks import check_model, check_optimizer
-    from ..model_calls import unwrap
+    from flopcount.base.api_checks import check_model, check_optimizer
+    from flopcount.model.calls import unwrap
 
     check_model(model)
     check_optimizer(optimizer)
@@ -220,7 +220,7 @@ def check(estimator, request: Request) -> None:
 
 def not_applicable(estimator, request: Request) -> str:
     """Why ``estimator`` does not apply to this request's kind of input ("" where it does)."""
-    from ..step import tokens_of
+    from flopcount.model.step import tokens_of
 
     if estimator.capabilities.inputs == "tokens" and not tokens_of(request.inputs):
         return "applies to language models only: it needs token ids (a batch x sequence integer tensor)"

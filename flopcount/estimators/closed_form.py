@@ -23,9 +23,9 @@ from typing import Optional, Tuple
 
 import torch
 
-from ..report import COUNTED, FlopReport
-from ..step import tokens_of
-from .base import Capabilities, EstimatorError, Request
+from flopcount.base.report import COUNTED, FlopReport
+from flopcount.model.step import tokens_of
+from flopcount.estimators.base import Capabilities, EstimatorError, Request
 
 _CONFIG_KEYS = {
     "layers": ("num_hidden_layers", "n_layer", "num_layers"),

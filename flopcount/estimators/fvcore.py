@@ -11,8 +11,8 @@ from __future__ import annotations
 import warnings
 from collections import Counter
 
-from ..report import COUNTED, UNCOUNTED, FlopReport
-from .base import Capabilities, Request, peer_inputs, peer_report, positional_call, require, run_failed, untouched
+from flopcount.base.report import COUNTED, UNCOUNTED, FlopReport
+from flopcount.estimators.base import Capabilities, Request, peer_inputs, peer_report, positional_call, require, run_failed, untouched
 
 # fvcore's own op keys -> aten packet names as the rest of the toolkit spells them
 _OP_NAMES = {"conv": "aten.convolution"}

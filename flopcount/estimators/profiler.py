@@ -14,9 +14,9 @@ from collections import defaultdict
 
 import torch
 
-from .. import formulas
-from ..report import COUNTED, UNCOUNTED, ZERO, FlopReport
-from .base import Capabilities, Request, call_model, peer_inputs, peer_report, run_failed, untouched
+from flopcount import formulas
+from flopcount.base.report import COUNTED, UNCOUNTED, ZERO, FlopReport
+from flopcount.estimators.base import Capabilities, Request, call_model, peer_inputs, peer_report, run_failed, untouched
 
 
 @contextlib.contextmanager

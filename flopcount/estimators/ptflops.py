@@ -16,9 +16,9 @@ import io
 import sys
 from collections import defaultdict
 
-from .. import formulas
-from ..report import COUNTED, UNCOUNTED, ZERO, FlopReport
-from .base import (Capabilities, Request, call_model, module_stack, peer_inputs, peer_report, require, run_failed,
+from flopcount import formulas
+from flopcount.base.report import COUNTED, UNCOUNTED, ZERO, FlopReport
+from flopcount.estimators.base import (Capabilities, Request, call_model, module_stack, peer_inputs, peer_report, require, run_failed,
                    untouched)
 
 _NOTE = "ptflops counts MACs; flops = 2 x native; forward only"

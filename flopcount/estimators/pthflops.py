@@ -13,8 +13,8 @@ import contextlib
 import io
 from collections import defaultdict
 
-from ..report import COUNTED, UNCOUNTED, ZERO, FlopReport
-from .base import Capabilities, Request, peer_inputs, peer_report, positional_call, require, run_failed, untouched
+from flopcount.base.report import COUNTED, UNCOUNTED, ZERO, FlopReport
+from flopcount.estimators.base import Capabilities, Request, peer_inputs, peer_report, positional_call, require, run_failed, untouched
 
 # Graph nodes that compute nothing: pthflops rightly gives them 0.
 _ZERO_MODULES = {"Dropout", "Identity", "Flatten", "Sequential", "Unflatten", "Dropout2d", "StochasticDepth"}

@@ -33,7 +33,7 @@ pool's bins): their formulas are registered with ``values=True`` and get the ten
 """
 from __future__ import annotations
 
-from .registry import (  # noqa: F401
+from flopcount.formulas.registry import (  # noqa: F401
     FAMILY, FLOP_FORMULAS, MEMORY, VALUES, VIEW, ZERO_FLOP, Formula, NeedsValues, Size, existing, first_shape,
     is_shape, lookup, numel, op_family, register, register_zero, shape_of,
 )
@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 # The families register themselves on import; keep this list in step with the modules of this package.
-from . import (  # noqa: F401
+from flopcount.formulas import (  # noqa: F401
     matmul, conv, attention, norm, pooling, pointwise, reduction, memory, rnn, interpolate, selection, detection,
     recurrent, distance, collective, legacy,
 )

@@ -40,8 +40,8 @@ from shapes alone and are refused (the op is then reported as uncounted, never a
 """
 from __future__ import annotations
 
-from .registry import is_shape, register
-from .reduction import SOFTMAX
+from flopcount.formulas.registry import is_shape, register
+from flopcount.formulas.reduction import SOFTMAX
 
 BACKWARD_SOFTMAX = 5  # recompute P (3) + dS (2)
 MASK = 1

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from .registry import MEMORY, VIEW, is_shape, numel, register, register_zero
+from flopcount.formulas.registry import MEMORY, VIEW, is_shape, numel, register, register_zero
 
 FAMILY = "collective"
 

@@ -30,7 +30,7 @@ from their own argument lists.
 """
 from __future__ import annotations
 
-from .registry import first_shape as _first, is_shape as _is_size, numel, register
+from flopcount.formulas.registry import first_shape as _first, is_shape as _is_size, numel, register
 
 
 def conv_flops(x, w, out, transposed: bool = False, bias: bool = False) -> int:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-from .registry import NeedsValues, numel, register, shape_of
+from flopcount.formulas.registry import NeedsValues, numel, register, shape_of
 
 SAMPLE_POSITION = 20
 SAMPLE = 8

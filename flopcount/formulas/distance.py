@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 
-from .registry import numel, register
+from flopcount.formulas.registry import numel, register
 
 
 def _bprm(x1, x2):

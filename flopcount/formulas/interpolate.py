@@ -35,7 +35,7 @@ values with the derivative weights times ``g``: ``2k`` per coordinate (nearest: 
 """
 from __future__ import annotations
 
-from .registry import existing, first_shape, numel, register
+from flopcount.formulas.registry import existing, first_shape, numel, register
 
 TAPS = {"linear": 2, "bilinear": 4, "trilinear": 8, "bicubic": 16, "nearest": 1}
 # grid sampler: interpolation_mode 0 bilinear (trilinear in 3-D), 1 nearest, 2 bicubic

@@ -13,9 +13,9 @@ for the step's first layer) and ``aten::cudnn_convolution_backward_weight``; the
 """
 from __future__ import annotations
 
-from .conv import conv_backward_flops
-from .registry import register
-from .schemas import NO_DEFAULT
+from flopcount.formulas.conv import conv_backward_flops
+from flopcount.formulas.registry import register
+from flopcount.formulas.schemas import NO_DEFAULT
 
 _CONV_TAIL = ("int[] padding, int[] stride, int[] dilation, int groups, bool benchmark, bool deterministic, "
               "bool allow_tf32")

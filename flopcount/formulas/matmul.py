@@ -14,7 +14,7 @@ dispatcher as ``mm``/``addmm``/``bmm`` (plus views), and are counted as those.
 """
 from __future__ import annotations
 
-from .registry import numel, register
+from flopcount.formulas.registry import numel, register
 
 
 def _scale_terms(out_elems: int, beta=1, alpha=1, has_self: bool = True) -> int:

@@ -30,7 +30,7 @@ not floating-point arithmetic and is declared zero (memory ops: they read and wr
 """
 from __future__ import annotations
 
-from .registry import MEMORY, VIEW, existing, first_shape, is_shape, numel, register, register_zero
+from flopcount.formulas.registry import MEMORY, VIEW, existing, first_shape, is_shape, numel, register, register_zero
 
 VIEWS = (
     "view", "_unsafe_view", "reshape", "_reshape_alias", "view_as", "t", "t_", "transpose", "transpose_",

@@ -30,7 +30,7 @@ Backward, per element, by ``output_mask`` (grad_input, grad_weight, grad_bias):
 """
 from __future__ import annotations
 
-from .registry import is_shape, numel, register
+from flopcount.formulas.registry import is_shape, numel, register
 
 STATS = 3  # sum x, sum x*x
 FMA = 2

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Callable, Dict, Union
 
-from .registry import existing, first_shape, is_shape, numel, register
+from flopcount.formulas.registry import existing, first_shape, is_shape, numel, register
 
 Cost = Union[int, Callable[..., int]]
 

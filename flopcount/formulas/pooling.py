@@ -16,7 +16,7 @@ Backward, per element of ``grad_output``:
 """
 from __future__ import annotations
 
-from .registry import existing, first_shape, numel, register
+from flopcount.formulas.registry import existing, first_shape, numel, register
 
 
 def _expand(v, dims: int):

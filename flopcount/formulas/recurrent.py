@@ -19,8 +19,8 @@ The oneDNN kernel computes every gradient (it has no output mask), as the conven
 """
 from __future__ import annotations
 
-from .registry import register
-from .rnn import rnn_backward_flops, rnn_forward_flops
+from flopcount.formulas.registry import register
+from flopcount.formulas.rnn import rnn_backward_flops, rnn_forward_flops
 
 LSTM = 2  # the mode number PyTorch passes for an LSTM (ideep's rnn_kind)
 

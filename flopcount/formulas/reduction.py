@@ -34,8 +34,8 @@ backwards 4 (+1 mean).
 """
 from __future__ import annotations
 
-from .registry import first_shape, is_shape, numel, register
-from .pointwise import foreach_numel
+from flopcount.formulas.registry import first_shape, is_shape, numel, register
+from flopcount.formulas.pointwise import foreach_numel
 
 NONE, MEAN, SUM = 0, 1, 2  # torch's Reduction enum, as the loss ops receive it
 

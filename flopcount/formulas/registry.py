@@ -117,7 +117,7 @@ def first_shape(shape):
 def existing(*names: str) -> list:
     """``aten.<name>`` for those of ``names`` that are ops in this torch build (backend ops come and go), from the
     generated table where it is this torch's (``schemas.py``: no import of torch)."""
-    from .schemas import exists
+    from flopcount.formulas.schemas import exists
 
     ASKED.update(names)
     return [f"aten.{n}" for n in names if exists(n)]

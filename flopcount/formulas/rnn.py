@@ -21,7 +21,7 @@ the cell's derivative, twice its forward cost per hidden unit. With ``output_mas
 """
 from __future__ import annotations
 
-from .registry import numel, register
+from flopcount.formulas.registry import numel, register
 
 CELL = {1: 1, 3: 15, 4: 18}
 

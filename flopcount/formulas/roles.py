@@ -18,7 +18,7 @@ of their own. ``role(packet)`` is one of:
 """
 from __future__ import annotations
 
-from .registry import FAMILY
+from flopcount.formulas.registry import FAMILY
 
 ROLE = {}
 

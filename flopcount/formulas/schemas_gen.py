@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from .registry import FLOP_FORMULAS  # filled by the package, which is loaded before any module of it
-from .schemas import DATA, composite_from_torch, from_torch, installed_torch
+from flopcount.formulas.registry import FLOP_FORMULAS  # filled by the package, which is loaded before any module of it
+from flopcount.formulas.schemas import DATA, composite_from_torch, from_torch, installed_torch
 
 
 def generate() -> dict:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-from .registry import NeedsValues, existing, numel, register, shape_of
+from flopcount.formulas.registry import NeedsValues, existing, numel, register, shape_of
 
 IOU_PAIR = 13  # max x2, min x2, subtract x2, clamp x2, multiply, add x2, divide, compare
 BOX_AREA = 3

@@ -5,28 +5,32 @@ torch.profiler trace, both into one :class:`Profile` (``profile``); ``nesting`` 
 ``markers`` splits a marker's text, ``marker_args`` fills in the arguments a marker leaves out and
 ``marker_flops`` prices each marker from the formula table; ``dedup`` counts each op once (an op's
 children and its autograd node's repeats are not counted again) and gives an :class:`Analysis`;
-``annotations`` charges kernels and FLOPs to the ranges ``flopcount.nvtx.annotate`` marks (steps, phases,
+``annotations`` charges kernels and FLOPs to the ranges ``flopcount.recording.nvtx.annotate`` marks (steps, phases,
 modules), or to a user's own module ranges. A job of several ranks: ``ranks`` (one rank read, priced and its device
 time split, in a worker), ``stragglers`` (who the ranks waited for), ``job`` (the ranks in parallel, job MFU).
 
-``analyze(path)`` here reads an Nsight export and analyses it, ``analyze_trace(path)`` a torch.profiler trace;
-``analyze(profile)`` takes a loaded profile of either reader. Recording a profile is ``flopcount.capture``'s, beside this package.
+``load_nsys(path)`` reads an Nsight export, ``load_trace(path)`` a torch.profiler trace, and ``load(path)`` either,
+by what the file is; ``analyze(path_or_profile)`` analyses what ``load`` reads (``analyze_trace`` is kept for a
+trace path). Recording a profile is ``flopcount.recording.capture``'s, beside this package.
 """
 
 import importlib
 import os
 from typing import TYPE_CHECKING
 
-from . import kineto_trace
-from .markers import Marker, parse as parse_marker
-from .nsys_export import load
-from .profile import Profile, ProfileError
+from flopcount.profiles import kineto_trace
+from flopcount.profiles.markers import Marker, parse as parse_marker
+from flopcount.profiles.nsys_export import load as load_nsys
+from flopcount.profiles.profile import Profile, ProfileError
 
 if TYPE_CHECKING:
-    from .dedup import Analysis
+    from flopcount.profiles.dedup import Analysis
 
-__all__ = ["analyze", "analyze_trace", "Analysis", "compare_dispatch", "parse_marker", "Marker", "load", "Profile",
-           "ProfileError"]
+__all__ = ["analyze", "analyze_trace", "Analysis", "compare_dispatch", "parse_marker", "Marker", "load", "load_nsys",
+           "load_trace", "Profile", "ProfileError"]
+
+load_trace = kineto_trace.load
+_SQLITE = b"SQLite format 3\x00"
 
 
 def __getattr__(name):
@@ -38,8 +42,23 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def load(path) -> Profile:
+    """The profile at ``path``, read by the reader its name or content calls for: a ``.sqlite`` file or any SQLite
+    file (an ``nsys export --type sqlite``) by ``load_nsys``, anything else (a torch.profiler trace, ``.json`` or ``.json.gz``) by
+    ``load_trace``. A file that cannot be opened is left to the reader its name suggests, which says why."""
+    path = os.fspath(path)
+    if path.endswith(".sqlite"):
+        return load_nsys(path)
+    try:
+        with open(path, "rb") as fh:
+            is_sqlite = fh.read(len(_SQLITE)) == _SQLITE
+    except OSError:
+        is_sqlite = not path.endswith((".json", ".json.gz", ".gz"))
+    return load_nsys(path) if is_sqlite else load_trace(path)
+
+
 def analyze(profile, naive: bool = False) -> "Analysis":
-    """:func:`dedup.analyze` of a loaded profile, or of the Nsight export at a path."""
+    """:func:`dedup.analyze` of a loaded profile, or of the profile at a path (read by :func:`load`)."""
     if not isinstance(profile, Profile):
         profile = load(os.fspath(profile))
     return importlib.import_module(".dedup", __name__).analyze(profile, naive=naive)

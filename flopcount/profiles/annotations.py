@@ -1,4 +1,4 @@
-"""The ranges ``flopcount.nvtx`` marks (steps, phases, modules), read back from an Nsight Systems SQLite export.
+"""The ranges ``flopcount.recording.nvtx`` marks (steps, phases, modules), read back from an Nsight Systems SQLite export.
 
 How the nvtx package's ranges are stored (the export schema): a domain is created once per process
 (``NVTX_EVENTS`` row of type NvtxDomainCreate: ``domainId`` and the domain's name in ``text``); each range carries
@@ -36,18 +36,18 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from ..range_texts import DOMAIN, PHASES, parse_text
-from ..report import UNCOUNTED
-from . import kineto_trace, nsys_export
-from .module_events import module_events
-from .nesting import innermost, nest
-from .profile import Profile, ProfileError
+from flopcount.profiles.range_texts import DOMAIN, PHASES, parse_text
+from flopcount.base.report import UNCOUNTED
+from flopcount.profiles import kineto_trace, nsys_export
+from flopcount.profiles.module_events import module_events
+from flopcount.profiles.nesting import innermost, nest
+from flopcount.profiles.profile import Profile, ProfileError
 
 
 def analyze(prof):
     # the formula table behind the analysis needs torch: loaded when an analysis is made, not with this module
     """The de-duplicated analysis of ``prof`` (its FLOPs per op)."""
-    from .dedup import analyze as analyze_profile
+    from flopcount.profiles.dedup import analyze as analyze_profile
 
     return analyze_profile(prof)
 
@@ -317,12 +317,12 @@ def load(path, domain: str = DOMAIN, by: Optional[str] = None, module_ranges: Op
         if ann.ranges.empty:
             raise ProfileError(
                 f"{prof.path}: no ranges of the NVTX domain {domain!r} and none named like a module path "
-                "(emit_nvtx's name ops, not modules): mark the loop with flopcount.nvtx.annotate, or push a range "
+                "(emit_nvtx's name ops, not modules): mark the loop with flopcount.recording.nvtx.annotate, or push a range "
                 "named by module path (layer1.0.conv1) around each module, with --module-ranges DOMAIN_OR_PREFIX "
                 "where they are in a domain of their own or carry a prefix")
     if ann.ranges.empty:
         raise ProfileError(f"{prof.path}: no ranges of the NVTX domain {domain!r}: mark the training loop with "
-                                "flopcount.nvtx.annotate (see README, 'Annotating your own loop')")
+                                "flopcount.recording.nvtx.annotate (see README, 'Annotating your own loop')")
     return ann
 
 

@@ -27,9 +27,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..report import COUNTED, UNCOUNTED, ZERO
-from .marker_flops import STATUS
-from .nesting import innermost, nest
+from flopcount.base.report import COUNTED, UNCOUNTED, ZERO
+from flopcount.profiles.marker_flops import STATUS
+from flopcount.profiles.nesting import innermost, nest
 
 REGION_PREFIXES = ("CompiledFunction", "Torch-Compiled Region", "## Call CompiledFxGraph", "CompiledFxGraph")
 FIGURES = ("kernel_flop", "kernel_num_gb")

@@ -23,13 +23,13 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from .. import formulas
-from ..formulas import legacy, schemas as schema_table
-from ..report import FlopReport
-from . import compiled, markers
-from .marker_flops import STATUS, op_flops
-from .nesting import coinciding, innermost, nest_levels, subtree_sum
-from .profile import Profile, ProfileError
+from flopcount import formulas
+from flopcount.formulas import legacy, schemas as schema_table
+from flopcount.base.report import FlopReport
+from flopcount.profiles import compiled, markers
+from flopcount.profiles.marker_flops import STATUS, op_flops
+from flopcount.profiles.nesting import coinciding, innermost, nest_levels, subtree_sum
+from flopcount.profiles.profile import Profile, ProfileError
 
 NO_SHAPES = ("this profile was recorded without record_shapes: FLOPs cannot be derived from its markers "
              "(capture with emit_nvtx(record_shapes=True)); GPU time per op follows")
@@ -170,8 +170,8 @@ def _kernel_sums(inner, in_range, kdur, k, op_of, n):
 def analyze(prof: Profile, naive: bool = False) -> Analysis:
     """Analyse a loaded profile (of either reader). ``naive`` also shapes the FlopReport: with it, the report holds
     the naive count instead of the de-duplicated one (``ops`` always has both)."""
-    if prof.ranges.empty:  # the file has only flopcount.nvtx's ranges: nothing marks an op
-        raise ProfileError(f"{prof.path}: no emit_nvtx markers, only the ranges of flopcount.nvtx.annotate: read them "
+    if prof.ranges.empty:  # the file has only flopcount.recording.nvtx's ranges: nothing marks an op
+        raise ProfileError(f"{prof.path}: no emit_nvtx markers, only the ranges of flopcount.recording.nvtx.annotate: read them "
                            "with --by step|phase|module (profiles.annotations)")
     r = prof.ranges
     if not isinstance(r["name"].dtype, pd.CategoricalDtype):

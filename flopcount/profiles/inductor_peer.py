@@ -20,9 +20,9 @@ import tempfile
 import numpy as np
 import pandas as pd
 
-from ..errors import reason
-from .kineto_trace import read_json
-from .profile import ProfileError
+from flopcount.base.errors import reason
+from flopcount.profiles.kineto_trace import read_json
+from flopcount.profiles.profile import ProfileError
 
 SAME = "same"
 EVERY_KERNEL = "profile_analysis gives each of an op's kernels the op's FLOPs: {k:g} kernels per call, {k:g}x"

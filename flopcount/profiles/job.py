@@ -24,10 +24,10 @@ from typing import Optional
 
 import pandas as pd
 
-from ..errors import FlopcountError
-from . import stragglers as S
-from .profile import ProfileError, check_path
-from .ranks import distributed_rank, name_rank, summarize
+from flopcount.base.errors import FlopcountError
+from flopcount.profiles import stragglers as S
+from flopcount.profiles.profile import ProfileError, check_path
+from flopcount.profiles.ranks import distributed_rank, name_rank, summarize
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 NSYS_SUFFIXES = (".sqlite",)
@@ -119,7 +119,7 @@ def decompressed_size(path: str) -> int:
 
 def available_memory() -> float:
     """Bytes of memory available to new processes (MemAvailable), else half the machine's."""
-    from ..estimators.fallback import available_bytes
+    from flopcount.counting.fallback import available_bytes
 
     return float(available_bytes() or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2)
 
@@ -207,9 +207,9 @@ def read_job(targets, kind: str = "trace", *, workers: Optional[int] = None, sch
 
 def peak_of(s, peak=None, device_spec=None):
     """(peak FLOP/s, source) of a rank: given > a device spec named > its trace's GPU in the table; (None, why)."""
-    from ..datasheet import get_device
-    from ..errors import UnknownDevice
-    from ..peak_policy import step_peak
+    from flopcount.device.datasheet import get_device
+    from flopcount.base.errors import UnknownDevice
+    from flopcount.device.peak_policy import step_peak
 
     if peak is not None:
         return float(peak), "given"

@@ -34,12 +34,12 @@ import zlib
 import numpy as np
 import pandas as pd
 
-from .. import collector
-from . import compiled, markers, sanity, trace_columns
-from .launches import LaunchIndex
-from .nesting import sort_ranges
-from .profile import Profile, ProfileError, check_path, head
-from .trace_rules import LEGACY_SCHEMA, RANGE_CATS, THREAD_SHIFT, Decoded, decode_events, parse_value  # noqa: F401
+from flopcount.base import collector
+from flopcount.profiles import compiled, markers, sanity, trace_columns
+from flopcount.profiles.launches import LaunchIndex
+from flopcount.profiles.nesting import sort_ranges
+from flopcount.profiles.profile import Profile, ProfileError, check_path, head
+from flopcount.profiles.trace_rules import LEGACY_SCHEMA, RANGE_CATS, THREAD_SHIFT, Decoded, decode_events, parse_value  # noqa: F401
 
 
 def read_json(path: str):

@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .sanity import AMBIGUOUS_LAUNCH, LAUNCH_TWICE
-from .sqlarrow import count, read_table
+from flopcount.profiles.sanity import AMBIGUOUS_LAUNCH, LAUNCH_TWICE
+from flopcount.profiles.sqlarrow import count, read_table
 
 KERNEL_SQL = ("SELECT start, end, correlationId, globalPid, demangledName, {placed} "
               "FROM CUPTI_ACTIVITY_KIND_KERNEL")

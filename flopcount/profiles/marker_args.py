@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Optional, Tuple
 
-from .. import formulas
-from ..formulas import Size, legacy, roles, schemas as schema_table
-from ..errors import reason
+from flopcount import formulas
+from flopcount.formulas import Size, legacy, roles, schemas as schema_table
+from flopcount.base.errors import reason
 
 
 @dataclass(frozen=True)

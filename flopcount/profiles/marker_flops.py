@@ -16,12 +16,12 @@ import json
 import numpy as np
 import pandas as pd
 
-from .. import formulas
-from ..formulas import roles
-from ..report import COUNTED, UNCOUNTED, ZERO
-from . import markers
-from .marker_args import ATTENTION_NOTE, POOL_NOTE, SCALE_NOTE, Context, derive
-from .nesting import ancestors_fill
+from flopcount import formulas
+from flopcount.formulas import roles
+from flopcount.base.report import COUNTED, UNCOUNTED, ZERO
+from flopcount.profiles import markers
+from flopcount.profiles.marker_args import ATTENTION_NOTE, POOL_NOTE, SCALE_NOTE, Context, derive
+from flopcount.profiles.nesting import ancestors_fill
 
 STATUS = np.array(["", COUNTED, UNCOUNTED, ZERO], dtype=object)
 _NONE, _COUNTED, _UNCOUNTED, _ZERO = 0, 1, 2, 3

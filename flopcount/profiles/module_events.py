@@ -21,8 +21,8 @@ from typing import Callable, Optional, Tuple
 import numpy as np
 import pandas as pd
 
-from .nesting import innermost, nest
-from .trace_rules import ns_or_none
+from flopcount.profiles.nesting import innermost, nest
+from flopcount.profiles.trace_rules import ns_or_none
 
 PREFIX = "nn.Module: "
 
@@ -134,7 +134,7 @@ def module_charger(modules: pd.DataFrame, ranges: pd.DataFrame) -> Callable[[np.
 def module_events(path: str, ranges: pd.DataFrame) -> Tuple[pd.DataFrame, Optional[Callable]]:
     """(the module ranges of the trace at ``path``, the charger of its ops and kernels), or an empty frame and
     None where the trace holds no module events (recorded without ``with_stack=True``)."""
-    from .kineto_trace import read_json
+    from flopcount.profiles.kineto_trace import read_json
 
     modules = read_module_events(read_json(path), ranges)
     if modules.empty:

@@ -32,12 +32,12 @@ from urllib.parse import quote
 import numpy as np
 import pandas as pd
 
-from ..range_texts import DOMAIN
-from . import arrowsplit, sanity
-from .launches import read_kernels
-from .nesting import thread_order
-from .profile import Profile, ProfileError, check_path, head
-from .sqlarrow import Growing, arrow, as_text, batches, count, ints, row_bound
+from flopcount.profiles.range_texts import DOMAIN
+from flopcount.profiles import arrowsplit, sanity
+from flopcount.profiles.launches import read_kernels
+from flopcount.profiles.nesting import thread_order
+from flopcount.profiles.profile import Profile, ProfileError, check_path, head
+from flopcount.profiles.sqlarrow import Growing, arrow, as_text, batches, count, ints, row_bound
 
 REQUIRED_TABLES = ("StringIds", "NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME",
                    "META_DATA_EXPORT")
@@ -364,7 +364,7 @@ def load(path) -> Profile:
         # where each kernel ran: every Nsight export has these columns; an export without them reads as one device
         placed = {"deviceId", "streamId"} <= columns(con, "CUPTI_ACTIVITY_KIND_KERNEL", path)
         push, start_end = event_type_ids(con, path)
-        # flopcount.nvtx's ranges nest apart from emit_nvtx's: the op reader must not see them
+        # flopcount.recording.nvtx's ranges nest apart from emit_nvtx's: the op reader must not see them
         not_annotation, n_annotation = domain_filter(con, path)
         kskipped: dict = {}
 

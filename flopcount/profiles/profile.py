@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from ..errors import FlopcountError
+from flopcount.base.errors import FlopcountError
 
 
 class ProfileError(FlopcountError):

@@ -116,8 +116,8 @@ def name_rank(path: str) -> Optional[int]:
 
 def summarize(path: str, rank: int, kind: str = "trace") -> RankSummary:
     """Read, price and split one rank's profile (run in a worker process)."""
-    from . import kineto_trace, nsys_export
-    from .dedup import analyze
+    from flopcount.profiles import kineto_trace, nsys_export
+    from flopcount.profiles.dedup import analyze
 
     prof = kineto_trace.load(path) if kind == "trace" else nsys_export.load(path)
     a = analyze(prof)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import one_line
-from . import arrowsplit
-from .profile import ProfileError
+from flopcount.base.errors import one_line
+from flopcount.profiles import arrowsplit
+from flopcount.profiles.profile import ProfileError
 
 EXTRA = "profiles"
 _BATCH_ROWS = 1 << 18

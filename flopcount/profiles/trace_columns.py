@@ -24,7 +24,7 @@ from typing import Any, Union
 import numpy as np
 import pandas as pd
 
-from . import trace_rules as R
+from flopcount.profiles import trace_rules as R
 
 try:
     import msgspec

@@ -4,15 +4,15 @@ empirically?") on whatever device is here, and say what matches it and why.
 One module per question: ``config`` (what to run), ``data`` (the images of the epoch pass), ``backend`` (the real
 counting, timing and peak), ``store`` (the resumable files and ``StudyResult``), ``grid`` (the rows: which, in what
 order, and how each is filled), ``report`` and ``findings`` (figures, tables, REPORT.md and its verdicts).
-The backward:forward analysis it uses is not study-specific: ``flopcount.ratios``.
+The backward:forward analysis it uses is not study-specific: ``flopcount.base.ratios``.
 """
-from .backend import TorchBackend
-from .config import NVTX_METHODS, QUICK, TIME_METHODS, StudyConfig, StudyError, study_config
-from .data import GeneratedImages, make_dataset
-from .grid import Task, plan, run_study
-from .published import PUBLISHED
-from .report import render_report, tables, write_figures
-from .store import COLUMNS, KEY, ResultsFile, StudyResult
+from flopcount.study.backend import TorchBackend
+from flopcount.study.config import NVTX_METHODS, QUICK, TIME_METHODS, StudyConfig, StudyError, study_config
+from flopcount.study.data import GeneratedImages, make_dataset
+from flopcount.study.grid import Task, plan, run_study
+from flopcount.study.published import PUBLISHED
+from flopcount.study.report import render_report, tables, write_figures
+from flopcount.study.store import COLUMNS, KEY, ResultsFile, StudyResult
 
 __all__ = [
     "run_study", "study_config", "StudyConfig", "QUICK", "StudyResult", "StudyError", "TorchBackend",

@@ -9,19 +9,19 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .config import NVTX_METHODS, StudyConfig
+from flopcount.study.config import NVTX_METHODS, StudyConfig
 
 
 class TorchBackend:
-    """The dispatch counter and the peer estimators, the step and epoch timers from ``flopcount.timing`` over the
-    step of ``flopcount.step``, and the peak of ``peak_policy.resolve_peak``."""
+    """The dispatch counter and the peer estimators, the step and epoch timers from ``flopcount.device.timing`` over the
+    step of ``flopcount.model.step``, and the peak of ``peak_policy.resolve_peak``."""
 
     def __init__(self, config: StudyConfig):
         import torch
 
         self.config = config
         self.progress = False  # a bar over an epoch's batches, the longest wait of a study row (run_study sets it)
-        from ..step import resolve_device
+        from flopcount.model.step import resolve_device
 
         self.device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
         resolve_device(self.device)  # an unknown device, or no CUDA, is one line before any model is built
@@ -40,7 +40,7 @@ class TorchBackend:
 
     def estimators(self) -> List[str]:
         """The forward-FLOP estimators installed here that apply to the study's models."""
-        from ..estimators import available, get_estimator
+        from flopcount.estimators import available, get_estimator
 
         # "theory" is fvcore x 3 (the same forward count as fvcore) and the name of a time method here; the closed
         # forms for language models (kaplan, palm) need token ids, and the study's models take images
@@ -56,16 +56,16 @@ class TorchBackend:
 
     def check(self, name: str) -> None:
         """Fail early, in one line, on a model spec that does not resolve (building on meta costs nothing)."""
-        from ..models import load_model
+        from flopcount.model.specs import load_model
 
         load_model(name, num_classes=self.config.num_classes, device="meta")
 
     # counting
     def count(self, name: str, batch: int):
         """(dispatch report of a training step, forward and backward, counted on meta; the meta model)."""
-        from ..errors import model_errors
-        from ..estimators.dispatch import count_step
-        from ..models import build
+        from flopcount.base.errors import model_errors
+        from flopcount.counting import count_step
+        from flopcount.model.specs import build
 
         model, inputs, display = build(name, batch=batch, input_shape=self.config.image_shape,
                                        num_classes=self.config.num_classes, device="meta")
@@ -75,7 +75,7 @@ class TorchBackend:
     def forward_flops(self, estimator: str, name: str, batch: int) -> int:
         """Forward FLOPs by a peer estimator. Peers run the model on the CPU (the only device they declare), so
         they get a real CPU copy of the model (the timed one where the study runs on the CPU) and a real batch."""
-        from ..estimators import Request, get_estimator, run
+        from flopcount.estimators import Request, get_estimator, run
 
         model = self._model(name) if self.device == "cpu" else self._cpu_model(name)
         request = Request(model, self._batch(model, name, batch), phases=("forward",), device="cpu")
@@ -83,7 +83,7 @@ class TorchBackend:
 
     def _cpu_model(self, name: str):
         if self._peer[0] != name:
-            from ..models import load_model
+            from flopcount.model.specs import load_model
 
             self._peer = (None, None)
             self._peer = (name, load_model(name, num_classes=self.config.num_classes, device="cpu")[0])
@@ -94,7 +94,7 @@ class TorchBackend:
         de-duplicated (``nvtx``) or counted the way the 2021 study's tool did (``nvtx-naive``). One recording of
         ``steps`` marked steps serves both; seconds is the median time of a marked step in the profile (the
         per-batch time of the 2021 study's NVTX method)."""
-        from ..capture import read_steps
+        from flopcount.recording.capture import read_steps
 
         key = (name, batch)
         if key not in self._profiles:
@@ -105,7 +105,7 @@ class TorchBackend:
     def _record(self, name: str, batch: int) -> str:
         import tempfile
 
-        from ..capture import capture
+        from flopcount.recording.capture import capture
 
         folder = tempfile.mkdtemp(prefix="flopcount-nvtx-")
         return capture(name, batch, out=os.path.join(folder, f"{name}-b{batch}"),
@@ -115,7 +115,7 @@ class TorchBackend:
     # timing, on the real device
     def _model(self, name: str):
         if self._real[0] != name:
-            from ..models import load_model
+            from flopcount.model.specs import load_model
 
             self._real = (None, None)
             free_memory(self.device)
@@ -123,14 +123,14 @@ class TorchBackend:
         return self._real[1]
 
     def _batch(self, model, name: str, batch: int):
-        from ..inputs import make_inputs
+        from flopcount.model.inputs import make_inputs
 
         return make_inputs(model, batch, name=name, device=self.device, input_shape=self.config.image_shape)
 
     def step_time(self, name: str, batch: int):
         """The ``timing.Measurement`` of the training step at this batch size (median, interquartile range)."""
-        from ..step import make_train_step
-        from ..timing import time_step
+        from flopcount.model.step import make_train_step
+        from flopcount.device.timing import time_step
 
         model = self._model(name)
         step = make_train_step(model, self._batch(model, name, batch))
@@ -140,11 +140,11 @@ class TorchBackend:
         """(seconds, samples) of one pass over ``dataset`` at batch ``batch``, data loading included."""
         import torch
 
-        from ..timing import time_epoch
+        from flopcount.device.timing import time_epoch
 
         loader = torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=False,
                                              num_workers=self.config.workers)
-        from ..progress import bar
+        from flopcount.base.progress import bar
 
         with bar(desc=f"{name} b={batch} epoch", total=len(loader), unit="batch", wanted=self.progress) as batches:
             seconds, samples = time_epoch(self._model(name), loader, device=self.device,
@@ -156,7 +156,7 @@ class TorchBackend:
         """(FLOP/s, source) a step of this precision mix is held against: ``peak_policy.resolve_peak``, the rule of
         ``flopcount.utilization`` and the roofline. ``refresh`` measures a CPU peak again (the cache keeps the
         best): a step that beat it means the probe ran on a busier machine."""
-        from .. import cpu_probe, peak_policy
+        from flopcount.device import cpu_probe, peak_policy
 
         def resolve():
             return peak_policy.resolve_peak(mix, device=self.device, peak=self.config.peak,
@@ -170,13 +170,13 @@ class TorchBackend:
 
     def tf32(self):
         """What TF32 the step runs with (per op family); None off CUDA, where there is none."""
-        from .. import peak_policy
+        from flopcount.device import peak_policy
 
         return peak_policy.tf32_allowed() if self.device.startswith("cuda") else None
 
     def roofline(self, models: Sequence[str], spec_name: str, batch: int) -> dict:
         """model -> ``roofline.Roofline`` of its training step on the device ``spec_name``, from counting alone."""
-        from .. import roofline
+        from flopcount.analyses import roofline
 
         return {m: roofline.from_spec(m, spec_name, batch=batch, input_shape=self.config.image_shape,
                                       num_classes=self.config.num_classes) for m in models}

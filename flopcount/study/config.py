@@ -5,8 +5,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Optional, Sequence, Tuple
 
-from ..errors import FlopcountError
-from ..models import STUDY_MODELS
+from flopcount.base.errors import FlopcountError
+from flopcount.model.specs import STUDY_MODELS
 
 TIME_METHODS = ("theory", "one", "batch", "epoch")
 # The NVTX estimator (GPU and nsys only): FLOPs from an emit_nvtx profile, de-duplicated and as the study counted
@@ -68,13 +68,13 @@ class StudyConfig:
                 peak = math.nan
             if not (math.isfinite(peak) and peak > 0):
                 raise StudyError(f"peak must be a positive number of FLOP/s (like 9.3e12), not {self.peak!r}")
-            from ..peak_policy import MIN_PEAK
+            from flopcount.device.peak_policy import MIN_PEAK
 
             if peak < MIN_PEAK:
                 raise StudyError(f"peak {peak:g} FLOP/s is below any device that runs PyTorch (at least "
                                  f"{MIN_PEAK:g}); give it in FLOP/s, like 9.3e12")
         if self.estimators is not None:
-            from ..estimators import available
+            from flopcount.estimators import available
 
             known = list(available()) + list(NVTX_METHODS)
             bad = [e for e in self.estimators if e not in known]

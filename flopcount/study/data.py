@@ -1,7 +1,7 @@
 """The images of the epoch pass: CIFAR-10 where it is on disk (never downloaded), else generated images."""
 from __future__ import annotations
 
-from .config import StudyConfig
+from flopcount.study.config import StudyConfig
 
 
 class GeneratedImages:

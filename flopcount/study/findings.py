@@ -9,9 +9,9 @@ from typing import Dict, List, Optional
 
 import pandas as pd
 
-from .config import ROOFLINE_MODELS
-from .published import PUBLISHED
-from .store import META, RESULTS, StudyResult
+from flopcount.study.config import ROOFLINE_MODELS
+from flopcount.study.published import PUBLISHED
+from flopcount.study.store import META, RESULTS, StudyResult
 
 # Forward counts of a model agree when its largest is within this fraction of its smallest.
 FORWARD_TOLERANCE = 0.05

@@ -26,16 +26,16 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, List, Sequence, Tuple
 
-from .. import peak_policy
-from ..errors import FlopcountError, is_oom, one_line
-from ..progress import shown
-from ..ratios import ratio_rows
-from .backend import TorchBackend, free_memory
-from .config import NVTX_METHODS, StudyConfig, StudyError
-from .data import make_dataset
-from .published import PUBLISHED
-from .report import render_report, write_figures
-from .store import (COLUMNS, COUNT, ERROR, FIGURES, KEY, OK, OOM, RATIO_COLUMNS, RATIO_KEY, RATIOS, REPORT, RESULTS,
+from flopcount.device import peak_policy
+from flopcount.base.errors import FlopcountError, is_oom, one_line
+from flopcount.base.progress import shown
+from flopcount.base.ratios import ratio_rows
+from flopcount.study.backend import TorchBackend, free_memory
+from flopcount.study.config import NVTX_METHODS, StudyConfig, StudyError
+from flopcount.study.data import make_dataset
+from flopcount.study.published import PUBLISHED
+from flopcount.study.report import render_report, write_figures
+from flopcount.study.store import (COLUMNS, COUNT, ERROR, FIGURES, KEY, OK, OOM, RATIO_COLUMNS, RATIO_KEY, RATIOS, REPORT, RESULTS,
                     STATUSES, TIME, ResultsFile, StudyResult, folder_lock, jsonable, load_meta, refuse_links,
                     save_meta, write)
 
@@ -347,7 +347,7 @@ def _per_sample(row: dict, batch: int) -> int:
 
 
 def _progress(total: int, initial: int, enabled: bool):
-    from ..progress import bar
+    from flopcount.base.progress import bar
 
     b = bar(desc="rows", total=total, unit="row", wanted=enabled, leave=True)
     b.update(initial)

@@ -10,11 +10,11 @@ from typing import Callable, Dict, List
 
 import pandas as pd
 
-from ..errors import OutputError, one_line
-from .config import ROOFLINE_BATCH, ROOFLINE_MODELS, ROOFLINE_SPEC, TIME_METHODS, StudyError
-from .findings import findings, peak_summary
-from .published import PUBLISHED
-from .store import COUNT, FIGURES, KEY, META, OK, RATIOS, RESULTS, TIME, StudyResult
+from flopcount.base.errors import OutputError, one_line
+from flopcount.study.config import ROOFLINE_BATCH, ROOFLINE_MODELS, ROOFLINE_SPEC, TIME_METHODS, StudyError
+from flopcount.study.findings import findings, peak_summary
+from flopcount.study.published import PUBLISHED
+from flopcount.study.store import COUNT, FIGURES, KEY, META, OK, RATIOS, RESULTS, TIME, StudyResult
 
 
 # --- figures -------------------------------------------------------------------------------------------------------
@@ -22,7 +22,7 @@ def write_figures(res: StudyResult, folder: str, backend=None, log: Callable[[st
                   redraw: bool = True, skip=()) -> Dict[str, str]:
     """The study's figures as PNGs in ``folder``; a figure that cannot be drawn is skipped with a note, and those
     named in ``skip`` are left as they are (or not drawn yet)."""
-    from .. import plots
+    from flopcount.analyses import plots
 
     try:
         os.makedirs(folder, exist_ok=True)
@@ -59,7 +59,7 @@ def write_figures(res: StudyResult, folder: str, backend=None, log: Callable[[st
 def roofline_figure(res: StudyResult, backend, path: str) -> str:
     """mobilenet_v2 vs resnet50 on the P100's roofline, from counting alone (``roofline.from_spec``): why the
     study's outliers are slow. The numbers go into the run's meta (``roofline``) for the report."""
-    from .. import plots
+    from flopcount.analyses import plots
 
     if backend is None or not hasattr(backend, "roofline"):
         raise StudyError("this backend cannot count models for the roofline")

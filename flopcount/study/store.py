@@ -20,9 +20,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import pandas as pd
 
-from .. import outputs
-from ..errors import OutputError, one_line
-from .config import StudyError
+from flopcount.base import outputs
+from flopcount.base.errors import OutputError, one_line
+from flopcount.study.config import StudyError
 
 try:
     import fcntl

@@ -1,0 +1,1 @@
+"""The analyses: utilization, roofline and overhead, comparison of estimators, scaling, inference, prediction."""
