@@ -31,7 +31,7 @@ EXIT_OK, EXIT_CHECK_FAILED, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
 COMMANDS = {
     "count": "count", "compare": "compare", "utilization": "utilization", "peaks": "utilization",
     "roofline": "roofline", "overhead": "roofline", "nsys": "profiles", "trace": "profiles", "capture": "profiles", "study": "study",
-    "infer": "infer", "predict": "predict",
+    "infer": "infer", "predict": "predict", "formulas": "formulas",
 }
 
 
