@@ -23,8 +23,9 @@ def llama(layers, hidden=64, mlp=160, heads=4, kv=2, vocab=1000):
 def same(fast, whole):
     """Equal frames, in the same order, and the same module metadata and notes (but the fast count's own)."""
     assert fast.frame.equals(whole.frame)
-    for key in ("params", "module_types", "module_outputs"):
+    for key in ("params", "module_types", "module_outputs", "modules"):
         assert fast.meta[key] == whole.meta[key]
+    assert fast.uncalled_modules() == whole.uncalled_modules()
     assert fast.notes[:-1] == whole.notes and fast.notes[-1].startswith("blocks ")
 
 

@@ -1,6 +1,6 @@
-"""What the command line loads before it has work to do: the help, the version and the peak table (a CSV read and
-printed) start without torch or pandas, which take seconds to import. Each command runs in a fresh interpreter
-that lists the modules it loaded on its way out."""
+"""What the command line loads before it has work to do: the help, the version, the peak table (a CSV read and
+printed) and the formula table start without torch or pandas, which take seconds to import. Each command runs in a
+fresh interpreter that lists the modules it loaded on its way out."""
 from __future__ import annotations
 
 import json
@@ -38,10 +38,11 @@ def heavy(modules) -> list:
 
 @pytest.mark.parametrize("argv", [
     ["--help"], ["--version"], ["peaks"], ["peaks", "--sources"], ["peaks", "--format", "csv"],
-    ["peaks", "--format", "json"],
+    ["peaks", "--format", "json"], ["formulas"], ["formulas", "--format", "json"],
 ])
 @pytest.mark.parametrize("entry", [MODULE, SCRIPT], ids=["python -m flopcount", "flopcount"])
 def test_help_version_and_peaks_load_neither_torch_nor_pandas(tmp_path, entry, argv):
+    # (the formula table too, whose ops are checked against the generated aten table where it is this torch's)
     code, out, modules = loaded(tmp_path, entry, *argv)
     assert code == 0 and out
     assert heavy(modules) == [], \

@@ -27,7 +27,7 @@ _INT_COLUMNS = ("flops", "bytes", "calls")
 # outside its submodules: a residual add, a loss, a class token. It makes every parent the exact sum of its rows.
 OWN = "(own)"
 # Metadata kept on the report but left out of ``to_dict``: the JSON document is a published contract.
-_NOT_SERIALIZED = ("params", "module_types", "module_outputs")
+_NOT_SERIALIZED = ("params", "module_types", "module_outputs", "modules", "modules_called")
 
 
 def _frame_of_columns(rows: list) -> Optional[pd.DataFrame]:
@@ -105,7 +105,8 @@ class FlopReport:
     ``meta["params"]``, where the estimator knows the model: module path -> parameters that module owns
     directly (every module, in ``named_modules`` order), from which ``by("module", depth=...)`` builds its tree;
     ``meta["module_types"]`` and ``meta["module_outputs"]`` (module path -> class name, and the shape of what its
-    first forward call returned) label that tree's rows.
+    first forward call returned) label that tree's rows. ``meta["modules"]`` (every module's path) and
+    ``meta["modules_called"]`` (those whose forward ran) give ``uncalled_modules``. None of these is in the json.
     """
 
     frame: pd.DataFrame
@@ -175,6 +176,33 @@ class FlopReport:
         """op -> calls, for every op seen without a formula."""
         f = self.frame[self.frame["status"] == UNCOUNTED]
         return {op: int(n) for op, n in f.groupby("op")["calls"].sum().items()}
+
+    def unsupported_ops(self, module: str = "") -> Dict[str, int]:
+        """op -> calls of the ops seen without a formula in ``module`` and the modules below it (the root ``""``:
+        the whole model, as ``uncounted``), as fvcore's ``unsupported_ops(module)``. A path the model does not
+        have is an error, where the report knows the model's modules."""
+        if not isinstance(module, str):
+            raise FlopcountError(f"a module is named by its dotted path (\"layer1.0\"; the root \"\"), not "
+                                 f"{type(module).__name__}")
+        known = self.meta.get("modules")
+        if module and known is not None and module not in known:
+            raise FlopcountError(f"the model has no module {module!r}")
+        f = self.frame[self.frame["status"] == UNCOUNTED]
+        if module:
+            paths = f["module"]
+            f = f[(paths == module) | paths.str.startswith(module + ".")]
+        return {op: int(n) for op, n in f.groupby("op")["calls"].sum().items()}
+
+    def uncalled_modules(self) -> list:
+        """The dotted paths of the model's submodules that were never called during the count (defined, but not
+        used by the step's forward), in the model's order, as fvcore's ``uncalled_modules``. A module held under
+        two paths is known by its first. Needs the modules the dispatch counter records."""
+        modules, called = self.meta.get("modules"), self.meta.get("modules_called")
+        if modules is None or called is None:
+            raise FlopcountError(f"this report ({self.estimator or 'no estimator'}) does not record which modules "
+                                 "were called: count with the dispatch estimator")
+        seen = set(called)
+        return [m for m in modules if m and m not in seen]
 
     def by(self, key: str = "op", depth: Optional[int] = None, collapse: bool = False) -> pd.DataFrame:
         """FLOPs, bytes and calls grouped by ``op``, ``module``, ``phase`` or ``family``, one column per phase.

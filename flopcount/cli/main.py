@@ -28,7 +28,7 @@ from flopcount.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, UsageErr
 COMMANDS = {
     "count": "count", "compare": "compare", "utilization": "utilization", "peaks": "utilization",
     "roofline": "roofline", "overhead": "roofline", "nsys": "profiles", "trace": "profiles", "capture": "profiles", "study": "study",
-    "infer": "infer", "predict": "predict",
+    "infer": "infer", "predict": "predict", "formulas": "formulas",
 }
 
 

@@ -16,6 +16,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from flopcount import formulas
+from flopcount.formulas import per_count
 from flopcount.base.errors import reason
 from flopcount.base.progress import tick
 from flopcount.base.report import COUNTED, UNCOUNTED, ZERO
@@ -57,7 +58,11 @@ class FlopCounter(TorchDispatchMode):
         self.unwrap = tuple(unwrap)
         self.simulated = simulated_run
         # results and counts of calls on meta tensors, for a count that repeats them (memo.py)
+        # one memo per counter: its entries hold counts made by this count's formulas, so that no count reuses
+        # another's (one with formulas of its own, one without)
         self.memo = memo.Memo() if remember and simulated_run else None
+        # formulas= of the count this counter is built for: they take the table's place for its ops
+        self.own_formulas = per_count.current()
         self.recording: Optional[list] = None  # the accounting of each op, while a module's call is recorded
         self.graph = True  # autograd nodes are made (grad mode on), whose modules backward ops are attributed to
         self.needs_values: Optional[str] = None  # the op that needed values a simulated run lacks
@@ -73,10 +78,14 @@ class FlopCounter(TorchDispatchMode):
         self._next_seq = _get_sequence_nr()  # the first autograd node not yet tagged
         self._param_owner = param_owner
         self.outputs: Dict[str, str] = {}  # module path -> its first forward call's output (``shape_label``)
+        self.called: Dict[str, None] = {"": None}  # module paths whose forward ran (the root is the step's call)
 
     def record_output(self, module: str, output) -> None:
         """The output of a module's first call only: a module called again (a shared activation, a checkpointed
-        layer's recompute in backward) keeps the shape of the call that came first in the forward."""
+        layer's recompute in backward) keeps the shape of the call that came first in the forward. Every module
+        called is noted in ``called`` (in the order of first calls), whatever it returned."""
+        if module not in self.called:
+            self.called[module] = None
         if module not in self.outputs and output is not None:
             self.outputs[module] = shape_label(output)
 
@@ -123,6 +132,12 @@ class FlopCounter(TorchDispatchMode):
                 self._seq_owner[seq] = module
             self._next_seq = end
 
+    def _info(self, func) -> OpInfo:
+        """What this count knows of ``func``: the process's OpInfo, or a copy with this count's own formula."""
+        info = op_info(func)
+        own = self.own_formulas.get(info.name) if self.own_formulas else None
+        return info if own is None else info.with_formula(own)
+
     # --- the hook -----------------------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if getattr(_aside, "depth", 0):
@@ -133,7 +148,7 @@ class FlopCounter(TorchDispatchMode):
         tick()
         info = self._ops.get(id(func))  # an op lives as long as the process; its id hashes faster than the op
         if info is None:
-            info = self._ops[id(func)] = op_info(func)
+            info = self._ops[id(func)] = self._info(func)
         if self.simulated and info.same_dtype:
             kinds = {a.dtype for a in args if isinstance(a, torch.Tensor)}
             if len(kinds) > 1:  # the CPU and CUDA kernels refuse this; the meta kernels let it through

@@ -135,7 +135,10 @@ def whole_report(model, run, a: FlopReport, rows: list) -> FlopReport:
     keep = blocks.KEEP_A(run.n)
     meta.update(params=owned_params(model),
                 module_types=blocks.expand_paths(a.meta.get("module_types", {}), run, keep),
-                module_outputs=blocks.expand_paths(a.meta.get("module_outputs", {}), run, keep))
+                module_outputs=blocks.expand_paths(a.meta.get("module_outputs", {}), run, keep),
+                modules=module_paths(model),
+                modules_called=modules_called(model, blocks.expand_paths(
+                    dict.fromkeys(a.meta.get("modules_called", ())), run, keep)))
     meta.pop("tied", None)
     meta.update(_tied(model))
     return FlopReport.from_rows(rows, model=a.model, batch_size=a.batch_size, estimator=a.estimator,
@@ -164,6 +167,9 @@ def _count_step(model, inputs, *, backward, loss_fn, device, optimizer, model_na
         estimator="dispatch", phases=phases, notes=notes, meta={**meta_extra, "params": owned_params(model),
                                                                 "module_types": _module_types(model),
                                                                 "module_outputs": dict(counter.outputs),
+                                                                "modules": module_paths(model),
+                                                                "modules_called": modules_called(model,
+                                                                                                 counter.called),
                                                                 **_tied(model)},
     )
 
@@ -225,6 +231,29 @@ def owned_params(model: torch.nn.Module) -> Dict[str, int]:
         owner = name.rpartition(".")[0]
         owned[owner] = owned.get(owner, 0) + p.numel()
     return owned
+
+
+def module_paths(model: torch.nn.Module) -> list:
+    """Every module's dotted path, the root's ``""`` first, in ``named_modules`` order (a module held under two
+    paths is listed at its first, where its calls are attributed)."""
+    return [name for name, _ in model.named_modules()]
+
+
+def modules_called(model: torch.nn.Module, called) -> list:
+    """The paths of ``called`` (the modules whose forward ran), with every container (a module with no forward of
+    its own: ``ModuleList``, ``ModuleDict``) that holds one of them: a container is never called, it is used
+    through its modules."""
+    out = list(called)
+    below = {p.rpartition(".")[0] for p in out}
+    for p in list(below):
+        while p:
+            p = p.rpartition(".")[0]
+            below.add(p)
+    seen = set(out)
+    for name, m in model.named_modules():
+        if name not in seen and name in below and type(m).forward is torch.nn.Module.forward:
+            out.append(name)
+    return out
 
 
 def _module_types(model: torch.nn.Module) -> Dict[str, str]:

@@ -2,6 +2,7 @@
 outputs (their sizes, bytes, the dtype an op computes in, the shape a module's output is shown with)."""
 from __future__ import annotations
 
+import copy
 from typing import Dict, Optional
 
 import torch
@@ -43,6 +44,15 @@ class OpInfo:
         self.zero = formulas.ZERO_FLOP.get(name)
         self.family = formulas.op_family(name)
         self.values = name in formulas.VALUES
+
+    def with_formula(self, formula) -> "OpInfo":
+        """A copy that prices the op by ``formula``, one count's own (``formulas/per_count.py``): kept by that
+        count's counter only, never in the process's table below, so that no other count sees it."""
+        info = copy.copy(self)
+        info.formula, info.zero, info.values = formula, None, False
+        if info.family == "other":
+            info.family = "custom"  # as ``flopcount.register_formula`` files an op the table has no family for
+        return info
 
     def current(self) -> bool:
         """Whether the formula tables still say what they said when this was built: a formula can be registered

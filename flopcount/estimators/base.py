@@ -47,6 +47,8 @@ class Capabilities:
     seeing their ops (fvcore's backward = 2 x forward). ``devices``: the device types it runs the step on, its
     default first. ``loss_fn``: whether it runs the step's loss, so that a custom one changes its count.
     ``real_weights``: whether it runs the caller's model as it is, and so needs real weights (not meta).
+    ``formulas``: whether it prices ops by the formula table and takes a count's own formulas
+    (``flopcount.count(..., formulas={op: fn})``).
     An estimator honours an optimizer when ``"optimizer"`` is among its phases.
     """
 
@@ -57,6 +59,7 @@ class Capabilities:
     assumed: Tuple[str, ...] = ()
     inputs: str = "any"  # "tokens": applies to a language model's token ids only (the closed forms)
     kernels: Tuple[str, ...] = ("cpu",)  # whose kernel choices it can count as (see Request.as_device)
+    formulas: bool = False  # prices ops by the formula table, and honours a count's own (count(formulas=...))
 
     def __post_init__(self):
         unknown = [p for p in self.phases + self.assumed if p not in PHASES]

@@ -12,7 +12,7 @@ class DispatchEstimator:
     name = "dispatch"
     capabilities = Capabilities(phases=("forward", "backward", "recompute", "optimizer"),
                                 devices=("meta", "cpu", "cuda"), loss_fn=True, real_weights=False,
-                                kernels=("cpu", "cuda"))
+                                kernels=("cpu", "cuda"), formulas=True)
 
     def estimate(self, request: Request) -> FlopReport:
         """Count the request's step op by op with the dispatch counter."""

@@ -8,7 +8,8 @@ from flopcount.base.report import FlopReport
 
 
 def count(model, inputs, *, estimator: str = "dispatch", backward: bool = True, loss_fn: Optional[Callable] = None,
-          device: str = "meta", optimizer=None, model_name: str = "", world=None, **options) -> FlopReport:
+          device: str = "meta", optimizer=None, model_name: str = "", world=None, formulas=None,
+          **options) -> FlopReport:
     """FLOPs of one training step of ``model`` on ``inputs`` (forward, and backward unless ``backward=False``;
     the optimizer's step too when an ``optimizer`` is given).
 
@@ -24,7 +25,26 @@ def count(model, inputs, *, estimator: str = "dispatch", backward: bool = True, 
     of the model sharded so (FSDP2, tensor parallel), counted on a fake process group in this process, ``inputs``
     being one data-parallel rank's batch; collectives are ops of the ``collective`` family with the bytes the rank
     sends. A model sharded already (``fully_shard``, ``parallelize_module``) is counted as it is.
+
+    ``formulas`` (``{op: fn}``, as PyTorch's ``FlopCounterMode(custom_mapping=...)``): formulas for this count only,
+    in place of the table's; an op is an overload packet (``torch.ops.aten.mm``) or its name (``"aten.mm"``), a
+    formula has the table's signature (``flopcount.formulas``). The table itself is left as it is. The dispatch
+    estimator only (it prices ops by the table); ``FormulaError`` for an op or formula that is not one.
     """
+    from flopcount.formulas import per_count
+
+    own = per_count.checked(formulas)
+    with per_count.applied(own):
+        report = _count(model, inputs, estimator=estimator, backward=backward, loss_fn=loss_fn, device=device,
+                        optimizer=optimizer, model_name=model_name, world=world, formulas=bool(own), **options)
+    if own:
+        report.notes.append(f"this count's own formulas (formulas=) for {', '.join(sorted(own))}, in place of the "
+                            "table's")
+    return report
+
+
+def _count(model, inputs, *, estimator, backward, loss_fn, device, optimizer, model_name, world, formulas,
+           **options) -> FlopReport:
     from flopcount import distributed
     from flopcount.base.api_checks import check_model
     from flopcount.estimators import EstimatorError, get_estimator
@@ -45,6 +65,9 @@ def count(model, inputs, *, estimator: str = "dispatch", backward: bool = True, 
                                               device=None if str(device) == "meta" else device, **options)
 
     est = get_estimator(estimator)
+    if formulas and not est.capabilities.formulas:
+        raise EstimatorError(f"formulas= applies to the dispatch estimator, which prices ops by flopcount's "
+                             f"formula table; {estimator} does not")
     request = make_request(model, inputs, backward=backward, loss_fn=loss_fn, device=device, optimizer=optimizer,
                            model_name=model_name, **options)
     report = run(est, request)
@@ -89,7 +112,9 @@ def eval_mode_note(model) -> Optional[str]:
 
 
 def register_formula(*ops: str, family: str = "custom"):
-    """Decorator: register a FLOP formula for aten ops (``"aten.my_op"``); see flopcount.formulas."""
+    """Decorator: register a FLOP formula for ops the table has none for (``"aten.my_op"``, ``"mylib.op"``), for
+    every count of the process; see flopcount.formulas. An op that has a formula, or is declared zero-FLOP, is
+    refused (``FormulaError``): ``count(..., formulas={op: fn})`` prices it otherwise for one count."""
     from flopcount.formulas import register
 
     return register(*ops, family=family)

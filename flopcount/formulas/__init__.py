@@ -12,7 +12,10 @@ it by the element size of the op's output.
 
 Every op is in exactly one of three states: it has a formula (``FLOP_FORMULAS``), it is declared zero-FLOP
 (``ZERO_FLOP``: views and metadata, which move nothing, or memory ops, which move bytes but compute nothing), or
-it is *uncounted* (the estimator reports it with its call count). Nothing is silently zero.
+it is *uncounted* (the estimator reports it with its call count). Nothing is silently zero. A name is registered
+once (a second registration is refused: ``FormulaError``); one count takes formulas of its own instead
+(``flopcount.count(..., formulas={op: fn})``, ``per_count.py``). ``listing.py`` lists the table (``flopcount
+formulas``, and the docs' page of it).
 
 Conventions, per family (the README has the same table):
 
@@ -34,14 +37,14 @@ pool's bins): their formulas are registered with ``values=True`` and get the ten
 from __future__ import annotations
 
 from flopcount.formulas.registry import (  # noqa: F401
-    FAMILY, FLOP_FORMULAS, MEMORY, VALUES, VIEW, ZERO_FLOP, Formula, NeedsValues, Size, existing, first_shape,
-    is_shape, lookup, numel, op_family, register, register_zero, shape_of,
+    FAMILY, FLOP_FORMULAS, MEMORY, SOURCE, VALUES, VIEW, ZERO_FLOP, Formula, FormulaError, NeedsValues, Size, describe,
+    existing, first_shape, is_shape, lookup, numel, op_family, register, register_zero, shape_of,
 )
 
 __all__ = [
     "FLOP_FORMULAS", "ZERO_FLOP", "VIEW", "MEMORY", "register", "register_zero",
     "lookup", "numel", "op_family", "FAMILY", "first_shape", "is_shape", "existing", "VALUES", "NeedsValues",
-    "shape_of", "Size",
+    "shape_of", "Size", "FormulaError", "describe", "SOURCE",
 ]
 
 # The families register themselves on import; keep this list in step with the modules of this package.

@@ -108,60 +108,71 @@ def all_to_all(n: int, w: int):
 # --- c10d ops (a process group's own calls: dist.all_gather_into_tensor, FSDP2) ------------------------------------
 @register("c10d._allgather_base_", family=FAMILY)
 def _c10d_allgather_base(output, input, group, *rest, out_shape=None):
+    """All-gather into one tensor: no arithmetic; the ring sends (w - 1) / w of the output."""
     return all_gather(_elements(output), _group_size(group))
 
 
 @register("c10d.allgather_", "c10d.allgather_into_tensor_coalesced_", "c10d.allgather_coalesced_", family=FAMILY)
 def _c10d_allgather(outputs, inputs, group, *rest, out_shape=None):
+    """All-gather into a list of tensors: no arithmetic; the ring sends (w - 1) / w of the outputs."""
     return all_gather(_elements(outputs), _group_size(group))
 
 
 @register("c10d._reduce_scatter_base_", "c10d.reduce_scatter_tensor_coalesced_", "c10d.reduce_scatter_",
           family=FAMILY)
 def _c10d_reduce_scatter(outputs, inputs, group, op=None, *rest, out_shape=None):
+    """Reduce-scatter: one reduction per element received; the ring sends (w - 1) / w of the input."""
     return reduce_scatter(_elements(inputs), _group_size(group), _reduce_kind(op))
 
 
 @register("c10d.allreduce_", "c10d.allreduce_coalesced_", family=FAMILY)
 def _c10d_allreduce(tensors, group, op=None, *rest, out_shape=None):
+    """All-reduce (reduce-scatter then all-gather): one reduction per element received, 2 (w - 1) / w sent."""
     return all_reduce(_elements(tensors), _group_size(group), _reduce_kind(op))
 
 
 @register("c10d.alltoall_base_", "c10d.alltoall_", family=FAMILY)
 def _c10d_alltoall(output, input, group, *rest, out_shape=None):
+    """All-to-all: no arithmetic; (w - 1) / w of the input leaves the rank."""
     return all_to_all(_elements(input), _group_size(group))
 
 
 @register("c10d.broadcast_", family=FAMILY)
 def _c10d_broadcast(tensors, group, *rest, out_shape=None):
+    """Broadcast: no arithmetic; the tensor's elements sent once."""
     return 0, Fraction(_elements(tensors))
 
 
 @register("c10d.reduce_", family=FAMILY)
 def _c10d_reduce(tensors, group, op=None, *rest, out_shape=None):
+    """Reduce to one rank: one reduction per element received ((w - 1) / w of it), the tensor sent once."""
     n = _elements(tensors)
     return _reduce_flops(n, _group_size(group), _reduce_kind(op), n), Fraction(n)
 
 
 @register("c10d.gather_", "c10d.gather_into_tensor_", family=FAMILY)
 def _c10d_gather(outputs, inputs, group, *rest, out_shape=None):
+    """Gather to one rank: no arithmetic; the ring's share of the gathered tensor."""
     w = _group_size(group)
     return 0, _ring(_elements(inputs) * w, w)
 
 
 @register("c10d.scatter_", family=FAMILY)
 def _c10d_scatter(outputs, inputs, group, *rest, out_shape=None):
+    """Scatter from one rank: no arithmetic; the ring's share of the scattered tensor."""
     w = _group_size(group)
     return 0, _ring(_elements(outputs) * w, w)
 
 
 @register("c10d.send", family=FAMILY)
 def _c10d_send(tensors, group, *rest, out_shape=None):
+    """Point-to-point send: no arithmetic; the tensor's elements sent."""
     return 0, Fraction(_elements(tensors))
 
 
 @register("c10d.recv_", "c10d.recv_any_source_", "c10d.barrier", "c10d.monitored_barrier_", family=FAMILY)
 def _c10d_nothing_sent(*args, out_shape=None):
+    """A receive or a barrier: no arithmetic, nothing sent."""
     return 0, Fraction(0)
 
 
@@ -169,11 +180,13 @@ def _c10d_nothing_sent(*args, out_shape=None):
 @register("_c10d_functional.all_gather_into_tensor", "_c10d_functional_autograd.all_gather_into_tensor",
           "_c10d_functional.all_gather_into_tensor_out", family=FAMILY)
 def _f_all_gather(input, group_size, group_name, out_shape=None, **kwargs):
+    """Functional all-gather: no arithmetic; the ring sends (w - 1) / w of the output."""
     return all_gather(numel(input) * int(group_size), int(group_size))
 
 
 @register("_c10d_functional.all_gather_into_tensor_coalesced", family=FAMILY)
 def _f_all_gather_coalesced(inputs, group_size, group_name, out_shape=None):
+    """Functional all-gather of several tensors: as one all-gather of them all."""
     return all_gather(_elements(inputs) * int(group_size), int(group_size))
 
 
@@ -181,32 +194,38 @@ def _f_all_gather_coalesced(inputs, group_size, group_name, out_shape=None):
           "_c10d_functional.reduce_scatter_tensor_out", "_c10d_functional.reduce_scatter_tensor_coalesced",
           family=FAMILY)
 def _f_reduce_scatter(input, reduce_op, group_size, group_name, out_shape=None, **kwargs):
+    """Functional reduce-scatter: one reduction per element received, (w - 1) / w of the input sent."""
     return reduce_scatter(_elements(input), int(group_size), _reduce_kind(reduce_op))
 
 
 @register("_c10d_functional.all_reduce", "_c10d_functional.all_reduce_", "_c10d_functional.all_reduce_coalesced",
           "_c10d_functional.all_reduce_coalesced_", family=FAMILY)
 def _f_all_reduce(input, reduce_op, group_name, out_shape=None):
+    """Functional all-reduce: one reduction per element received, 2 (w - 1) / w sent."""
     return all_reduce(_elements(input), _group_size(group_name), _reduce_kind(reduce_op))
 
 
 @register("_c10d_functional.all_to_all_single", "_c10d_functional_autograd.all_to_all_single", family=FAMILY)
 def _f_all_to_all(input, output_split_sizes, input_split_sizes, group_name, out_shape=None):
+    """Functional all-to-all: no arithmetic; (w - 1) / w of the input leaves the rank."""
     return all_to_all(_elements(input), _group_size(group_name))
 
 
 @register("_c10d_functional.broadcast", "_c10d_functional.broadcast_", family=FAMILY)
 def _f_broadcast(input, src, group_name, out_shape=None):
+    """Functional broadcast: no arithmetic; the tensor's elements sent once."""
     return 0, Fraction(_elements(input))
 
 
 @register("_c10d_functional.isend", family=FAMILY)
 def _f_isend(tensor, dst, tag, group_name, out_shape=None):
+    """Functional send: no arithmetic; the tensor's elements sent."""
     return 0, Fraction(_elements(tensor))
 
 
 @register("_c10d_functional.irecv", family=FAMILY)
 def _f_irecv(tensor, src, tag, group_name, out_shape=None):
+    """Functional receive: no arithmetic, nothing sent."""
     return 0, Fraction(0)
 
 

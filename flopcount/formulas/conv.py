@@ -57,12 +57,10 @@ def convolution(x, w, bias=None, stride=None, padding=None, dilation=None, trans
     family="conv",
 )
 def conv_with_bias_arg(x, w, *args, out_shape=None, bias=None, **__):
-    # In all of these, the bias is the first optional tensor argument after the weight (or absent).
-    """The formula of ``aten._conv_depthwise2d``, ``aten._convolution_mode``, ``aten._nnpack_spatial_convolution``,
-    ``aten._slow_conv2d_forward``, ``aten.conv_depthwise3d``, ``aten.miopen_convolution``,
-    ``aten.miopen_depthwise_convolution``, ``aten.mkldnn_convolution``, ``aten.slow_conv3d``,
-    ``aten.slow_conv3d_forward``, ``aten.slow_conv_dilated2d``, ``aten.slow_conv_dilated3d``, ``aten.thnn_conv2d``:
-    its FLOPs from the shapes of its arguments."""
+    """A backend's own convolution (mkldnn, miopen, nnpack, the slow, dilated and depthwise kernels), counted as
+    ``aten.convolution``.
+
+    In all of these, the bias is the first optional tensor argument after the weight (or absent)."""
     has_bias = bias is not None or any(_is_size(a) for a in args)
     return conv_flops(x, w, _first(out_shape), False, has_bias)
 

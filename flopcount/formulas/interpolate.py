@@ -52,6 +52,7 @@ def weighted_sum(taps: int) -> int:
 
 def _upsample(kind: str):
     def formula(x, *_, out_shape=None, **__):
+        """Linear, bilinear, bicubic or trilinear upsampling: a weighted sum of the kind's taps per output element."""
         return numel(first_shape(out_shape)) * weighted_sum(TAPS[kind])
 
     return formula
@@ -59,12 +60,14 @@ def _upsample(kind: str):
 
 def _upsample_backward(kind: str):
     def formula(grad_out, *_, out_shape=None, **__):
+        """Its backward: a multiply and an add per tap per grad_output element."""
         return numel(grad_out) * 2 * TAPS[kind]
 
     return formula
 
 
 def _nearest_backward(grad_out, *_, out_shape=None, **__):
+    """Nearest-neighbour upsampling's backward: one add per grad_output element."""
     return numel(grad_out)
 
 

@@ -39,27 +39,33 @@ def _alpha(base: int) -> Callable[..., int]:
     def cost(args, kwargs):
         return base + (_scalar_arg(args, kwargs, "alpha", 2) != 1)
 
+    cost.__doc__ = f"{base} FLOP{'s' if base != 1 else ''}, 1 more where alpha is not 1 (``a + alpha * b``)"
     return cost
 
 
 def _value(args, kwargs) -> int:
-    """addcmul/addcdiv: ``a + value * (b op c)``: the op, the add, and the scale if it is not 1."""
+    """2 FLOPs, 1 more where value is not 1 (``a + value * (b op c)``).
+
+    addcmul/addcdiv: the op, the add, and the scale if it is not 1."""
     v = _scalar_arg(args, kwargs, "value", 3)
     return 2 + (not isinstance(v, (int, float)) or v != 1)
 
 
 def _clamp(args, kwargs) -> int:
+    """1 FLOP per bound given (min, max), at least 1."""
     bounds = [_scalar_arg(args, kwargs, "min", 1, None), _scalar_arg(args, kwargs, "max", 2, None)]
     return max(1, sum(b is not None for b in bounds))
 
 
 def _gelu(args, kwargs) -> int:
+    """5 FLOPs (erf form), 9 (tanh form)."""
     # erf form: 0.5 * x * (1 + erf(x / sqrt(2))): divide, erf, add, multiply, multiply = 5
     # tanh form: 0.5 * x * (1 + tanh(c * (x + 0.044715 * x**3))): x**3 (2), *0.044715, +x, *c, tanh, +1, *x, *0.5 = 9
     return 9 if kwargs.get("approximate", "none") == "tanh" else 5
 
 
 def _gelu_backward(args, kwargs) -> int:
+    """11 FLOPs (erf form), 18 (tanh form)."""
     # erf form: g * (Phi(x) + x * phi(x)); Phi = 0.5 * (1 + erf(x * c)): 4; phi = c' * exp(-0.5 * x * x): 4;
     # x * phi + Phi: 2; times g: 1  -> 11
     # tanh form: u (5, as in the forward), t = tanh(u) (1), 0.5 * (1 + t) (2), 1 - t*t (2),
@@ -138,6 +144,13 @@ def _per_element(cost: Cost, args, kwargs) -> int:
     return cost(args, kwargs) if callable(cost) else cost
 
 
+def _said(cost: Cost) -> str:
+    """A per-element cost in words (``3 FLOPs``), for the formula's docstring (``flopcount formulas`` lists it)."""
+    if callable(cost):
+        return (cost.__doc__ or "a cost from its arguments").strip().splitlines()[0].rstrip(".")
+    return f"{cost} FLOP{'s' if cost != 1 else ''}"
+
+
 def _make_pointwise(cost: Cost):
     def formula(*args, out_shape=None, **kwargs):
         out = first_shape(out_shape)
@@ -145,6 +158,7 @@ def _make_pointwise(cost: Cost):
             out = next(a for a in args if is_shape(a))
         return numel(out) * _per_element(cost, args, kwargs)
 
+    formula.__doc__ = f"Per output element: {_said(cost)}."
     return formula
 
 
@@ -163,6 +177,7 @@ def _make_foreach(cost: Cost):
     def formula(*args, out_shape=None, **kwargs):
         return foreach_numel(args) * _per_element(cost, args, kwargs)
 
+    formula.__doc__ = f"Per element of its first list of tensors: {_said(cost)}."
     return formula
 
 

@@ -30,17 +30,20 @@ def _kernel_area(kernel_size, dims: int) -> int:
 
 def _maxpool(dims: int):
     def formula(x, kernel_size, *_, out_shape=None, **__):
+        """A max pool: (kernel area - 1) comparisons per output element."""
         return numel(first_shape(out_shape)) * (_kernel_area(kernel_size, dims) - 1)
 
     return formula
 
 
 def _maxpool_backward(grad_out, *_, out_shape=None, **__):
+    """A max pool's backward: one add per grad_output element (scattered to its maximum)."""
     return numel(grad_out)
 
 
 def _avgpool(dims: int):
     def formula(x, kernel_size, *_, out_shape=None, **__):
+        """An average pool: kernel area FLOPs (the adds and the divide) per output element."""
         return numel(first_shape(out_shape)) * _kernel_area(kernel_size, dims)
 
     return formula
@@ -48,6 +51,7 @@ def _avgpool(dims: int):
 
 def _avgpool_backward(dims: int):
     def formula(grad_out, x, kernel_size, *_, out_shape=None, **__):
+        """An average pool's backward: kernel area + 1 per grad_output element."""
         return numel(grad_out) * (_kernel_area(kernel_size, dims) + 1)
 
     return formula
@@ -77,6 +81,7 @@ def _adaptive_total(x, out, dims: int) -> int:
 
 def _adaptive_avg(dims: int):
     def formula(x, output_size, *_, out_shape=None, **__):
+        """An adaptive average pool: one FLOP per element of every window."""
         return _adaptive_total(x, first_shape(out_shape), dims)
 
     return formula
@@ -84,6 +89,7 @@ def _adaptive_avg(dims: int):
 
 def _adaptive_max(dims: int):
     def formula(x, output_size, *_, out_shape=None, **__):
+        """An adaptive max pool: (window size - 1) comparisons per window."""
         out = first_shape(out_shape)
         return _adaptive_total(x, out, dims) - numel(out)
 
@@ -92,6 +98,7 @@ def _adaptive_max(dims: int):
 
 def _adaptive_avg_backward(dims: int):
     def formula(grad_out, x, *_, out_shape=None, **__):
+        """An adaptive average pool's backward: the windows' elements + 1 per grad_output element."""
         return _adaptive_total(x, grad_out, dims) + numel(grad_out)
 
     return formula

@@ -5,6 +5,8 @@ import numbers
 import sys
 from typing import Callable, Dict, Iterable, Optional, Union
 
+from flopcount.base.errors import FlopcountError
+
 Formula = Callable[..., Union[int, tuple]]
 
 # aten overload packet name ("aten.convolution") -> formula
@@ -13,12 +15,19 @@ FLOP_FORMULAS: Dict[str, Formula] = {}
 ZERO_FLOP: Dict[str, str] = {}
 # aten overload packet name -> op family ("matmul", "conv", "attention", "norm", "pointwise", ...)
 FAMILY: Dict[str, str] = {}
+# op name -> the module that registered it (``flopcount.formulas.matmul``; a user's module for register_formula)
+SOURCE: Dict[str, str] = {}
 
 # ops whose work depends on tensor values (the boxes NMS keeps): their formula gets the tensors, not the sizes
 VALUES: set = set()
 
 VIEW = "view"
 MEMORY = "memory"
+
+
+class FormulaError(FlopcountError):
+    """A formula cannot be registered or used as asked (a name registered twice, a formula that is no function,
+    an op that does not exist)."""
 
 
 class NeedsValues(Exception):
@@ -28,29 +37,64 @@ class NeedsValues(Exception):
 def register(*names: str, family: str, values: bool = False) -> Callable[[Formula], Formula]:
     """Register ``fn`` as the formula for the given aten packet names (``"aten.mm"``).
 
+    A name has one formula for the whole process: a name that has a formula or is declared zero-FLOP already is
+    refused (``FormulaError``), and the table is left as it was; one count takes formulas of its own with
+    ``flopcount.count(..., formulas={op: fn})``.
+
     ``values=True``: the op's work depends on the values of its tensors, and ``fn`` is called with the tensors
     themselves; it raises ``NeedsValues`` when they have none (meta tensors, or sizes from a profile)."""
 
     def deco(fn: Formula) -> Formula:
+        if not callable(fn):
+            raise FormulaError(f"the formula for {', '.join(names)} must be a function, not {type(fn).__name__}")
+        _refuse_taken(names)
         for name in names:
             FLOP_FORMULAS[name] = fn
             FAMILY[name] = family
+            SOURCE[name] = getattr(fn, "__module__", None) or "?"
             if values:
                 VALUES.add(name)
-            else:
-                VALUES.discard(name)
         return fn
 
     return deco
 
 
 def register_zero(kind: str, names: Iterable[str], family: str = "memory") -> None:
-    """Declare ``names`` ops of no arithmetic, of ``kind`` view or memory."""
+    """Declare ``names`` ops of no arithmetic, of ``kind`` view or memory (a name already in the table is refused,
+    as by ``register``)."""
     if kind not in (VIEW, MEMORY):
         raise ValueError(f"zero-FLOP kind must be {VIEW!r} or {MEMORY!r}, not {kind!r}")
+    names = list(names)
+    _refuse_taken(names)
+    caller = sys._getframe(1).f_globals.get("__name__", "?")  # no function here whose module says where
     for name in names:
         ZERO_FLOP[name] = kind
         FAMILY.setdefault(name, family)
+        SOURCE[name] = caller
+
+
+def _refuse_taken(names) -> None:
+    """``FormulaError`` naming the first of ``names`` the table holds already (or that is given twice), before
+    anything is registered: a refused registration changes nothing."""
+    seen = set()
+    for name in names:
+        if not isinstance(name, str):
+            raise FormulaError(f"an op is registered by its name (\"aten.mm\"), not {type(name).__name__}")
+        if name in FLOP_FORMULAS or name in ZERO_FLOP or name in seen:
+            what = (f"has a formula already ({describe(name)})" if name in FLOP_FORMULAS
+                    else f"is declared zero-FLOP already ({ZERO_FLOP[name]})" if name in ZERO_FLOP
+                    else "is given twice")
+            raise FormulaError(f"{name} {what}: a name is registered once; to use another formula for one "
+                               f"count, pass it as flopcount.count(..., formulas={{{name!r}: fn}})")
+        seen.add(name)
+
+
+def describe(name: str) -> str:
+    """Where op ``name``'s formula comes from, as ``module.function`` (``""`` for an op without one)."""
+    fn = FLOP_FORMULAS.get(name)
+    if fn is None:
+        return ""
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
 
 
 def lookup(name: str) -> Optional[Formula]:
