@@ -14,7 +14,7 @@ Every op is in exactly one of three states: it has a formula (``FLOP_FORMULAS``)
 (``ZERO_FLOP``: views and metadata, which move nothing, or memory ops, which move bytes but compute nothing), or
 it is *uncounted* (the estimator reports it with its call count). Nothing is silently zero.
 
-Conventions, per family (the README has the same table):
+Conventions, per family (the docs' conventions page, docs/conventions.md, has the same table):
 
 * 1 FMA = 2 FLOPs. A matmul ``(m, k) @ (k, n)`` is ``2 m n k``; ``addmm`` adds ``m n`` for the bias.
 * Pointwise arithmetic and activations: FLOPs per output element as listed in ``pointwise.py`` (add, mul, relu,

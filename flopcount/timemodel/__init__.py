@@ -4,5 +4,5 @@
 host's launches) and imports neither torch nor pandas; ``params`` reads the fitted parameters
 (``data/time_model.json``); ``predict`` and ``generation`` apply the model to a counted step or generation;
 ``calls``, ``oncalls``, ``device`` and ``versus`` to the op calls of a recorded profile (``trace|nsys --predict``);
-``fit`` fits the parameters and measures the error. See the README's "Predicted time".
+``fit`` fits the parameters and measures the error. See the docs' "Predicted time" page (docs/guide/predict.md).
 """
