@@ -61,10 +61,15 @@ def formula_table() -> str:
     """The formula table as markdown from ``flopcount.formulas.listing.markdown()``, or a note where that
     generator does not exist yet."""
     _flopcount_importable()
+    name = "flopcount.formulas.listing"
     try:
-        listing = importlib.import_module("flopcount.formulas.listing")
-        generate = listing.markdown
-    except (ImportError, AttributeError):
+        listing = importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name != name:  # the module is there and fails: say so, do not hide it behind the note
+            raise
+        listing = None
+    generate = getattr(listing, "markdown", None)
+    if generate is None:
         return ("*This flopcount has no `flopcount.formulas.listing.markdown()` yet: the table is generated here "
                 "once it does.*")
     return generate()

@@ -114,3 +114,42 @@ def test_the_site_builds_strict_with_the_generated_pages(tmp_path):
         assert re.search(rf'id="flopcount(\.\w+)*\.{name}"', api), name
     formulas = (site / "reference" / "formulas" / "index.html").read_text(encoding="utf-8")
     assert "<!-- formula-table -->" not in formulas
+
+
+def _hooks():
+    """docs/hooks.py, loaded as MkDocs loads it (a file, not a package module)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("flopcount_docs_hooks", ROOT / "docs" / "hooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_formula_page_is_generated_by_the_listing_where_it_exists_and_says_so_where_not(monkeypatch):
+    import types
+
+    hooks = _hooks()
+    page = "# Formula table\n\n<!-- formula-table -->\n"
+    fake = types.ModuleType("flopcount.formulas.listing")
+    fake.markdown = lambda: "| op | FLOPs |\n|---|---|\n| aten.mm | 2mkn |"
+    monkeypatch.setitem(sys.modules, "flopcount.formulas.listing", fake)
+    assert "| aten.mm | 2mkn |" in hooks.on_page_markdown(page, None, None, None)
+    monkeypatch.setitem(sys.modules, "flopcount.formulas.listing", types.ModuleType("flopcount.formulas.listing"))
+    out = hooks.on_page_markdown(page, None, None, None)
+    assert "no `flopcount.formulas.listing.markdown()` yet" in out and "<!-- formula-table -->" not in out
+
+
+def test_an_api_entry_by_its_public_name_points_at_the_module_that_defines_it():
+    import flopcount
+
+    hooks = _hooks()
+    for public in ("flopcount.compare", "flopcount.FlopReport", "flopcount.generate_cost", "flopcount.count"):
+        path = hooks.defining_path(public)
+        module, _, name = path.rpartition(".")
+        assert getattr(sys.modules[module], name) is getattr(flopcount, public.split(".")[-1]), (public, path)
+    assert hooks.defining_path("flopcount.profiles") == "flopcount.profiles"  # a module stays as it is written
+    page = hooks.on_page_markdown("::: flopcount.compare\n    options:\n      heading_level: 3\n", None, None, None)
+    first, rest = page.split("\n", 1)
+    assert first == "::: " + hooks.defining_path("flopcount.compare") != "::: flopcount.compare"
+    assert rest == "    options:\n      heading_level: 3\n"  # the entry's options are left as written
