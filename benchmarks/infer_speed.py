@@ -6,7 +6,7 @@
    around the same prefill and decode loop (FLOPs only: no bytes, no modules, no cache accounting). Each round counts
    a prefill and ``--steps`` decode steps; the figure is the seconds per decode step (the decode loop's time, divided),
    as the ratio flopcount / peer per round, with its median and range.
-2. The README's example in a fresh process: the Llama-3-8B-shaped config of ``tests/fixtures/hf/llama-3-8b`` in
+2. The inference guide's example in a fresh process: the Llama-3-8B-shaped config of ``tests/fixtures/hf/llama-3-8b`` in
    bf16, batch 8, prompt 2048, 256 new tokens (255 decode steps), with CUDA's kernels: seconds to import, build and
    count (wall and this process's CPU time: on a shared machine the wall time grows with the other work), seconds
    per decode step, peak memory, and the machine's load average while it ran. Target: counted in under 60 s.

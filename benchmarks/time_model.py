@@ -183,7 +183,7 @@ def write_params(path, params, rows) -> None:
          f"median per op {ape(r['by_op']['model']['median_error'])} (roofline "
          f"{ape(r['by_op']['roofline']['median_error'])})" for n, r in rows.items() if "device" in r]
     doc = {"about": "flopcount's time model: per-vendor parameters, fitted by benchmarks/time_model.py --fit on the "
-                    "shared real profiles; see the README's 'Predicted time' section for every term",
+                    "shared real profiles; see the docs' 'Predicted time' page (docs/guide/predict.md) for every term",
            "params": params, "sources": SOURCES, "fit": {
                "profiles": fitted_on, "summary": "fitted on " + "; ".join(s),
                "errors": {n: {"by_op": {k: r["by_op"][k] for k in ("model", "roofline", "rows", "calls")},

@@ -195,8 +195,8 @@ def describe(inputs) -> str:
     return " + ".join("x".join(str(d) for d in t.shape) for t in inputs)
 
 
-# Why a model's eval-mode forward differs from its enum's figure, checked by hand (see the README's torchvision
-# section); a model that differs and is not here is reported as unexplained.
+# Why a model's eval-mode forward differs from its enum's figure, checked by hand (see the docs' benchmarks page,
+# 'Every torchvision model'); a model that differs and is not here is reported as unexplained.
 KNOWN = {}
 
 

@@ -1,4 +1,4 @@
-"""The README's example plug-in, installed through the entry-point group as a package would install it, then used
+"""The docs' example plug-in, installed through the entry-point group as a package would install it, then used
 by name in count and compare: third-party estimators get the same request and the same checks as the built-ins."""
 import math
 import re
@@ -14,15 +14,15 @@ import flopcount
 from flopcount.analyses.compare import TOTAL
 from flopcount.estimators import available
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+GUIDE = Path(__file__).resolve().parent.parent / "docs" / "guide" / "compare.md"
 NAME = "linear-only"
 
 
 def _example_code() -> str:
-    """The python block of the README's "Comparing estimators" section that defines the example plug-in."""
-    section = README.read_text().split("## Comparing estimators", 1)[1].split("\n## ", 1)[0]
+    """The python block of the "Comparing estimators" guide page that defines the example plug-in."""
+    section = GUIDE.read_text(encoding="utf-8")
     blocks = [b for b in re.findall(r"```python\n(.*?)```", section, re.S) if "class LinearOnly" in b]
-    assert len(blocks) == 1, "the README's example plug-in is missing"
+    assert len(blocks) == 1, "the guide's example plug-in is missing"
     return blocks[0]
 
 

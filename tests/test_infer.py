@@ -382,10 +382,10 @@ def test_cli_infer_measures_a_single_forward_on_the_cpu(capsys, monkeypatch, tmp
     assert 0 < fwd["mfu"] < 1 and 0 < fwd["mbu"]
 
 
-# --- the Llama-3-8B-shaped example of the README ----------------------------------------------------------------------
+# --- the Llama-3-8B-shaped example of the inference guide (docs/guide/inference.md) ---------------------------------
 @pytest.mark.slow
 def test_llama_3_8b_shaped_decode_is_memory_bound_on_an_h100():
-    """The README's example, by hand: bf16, batch 8, prompt 2048, 256 new tokens (255 decode steps)."""
+    """The inference guide's example, by hand: bf16, batch 8, prompt 2048, 256 new tokens (255 decode steps)."""
     model = model_of("llama-3-8b").to(torch.bfloat16)
     gen = infer.generate_cost(model, 2048, 256, 8, as_device="cuda")
     params = sum(p.numel() for p in model.parameters())

@@ -230,7 +230,7 @@ def test_palm_against_the_count(fixture):
     config = model.config
     heads = config.num_attention_heads
     q = getattr(config, "head_dim", None) or config.hidden_size // heads
-    # The README's factor: per score, palm counts QK^T and PV (4Q); the count adds the softmax (5) and the mask (1),
+    # The language-model guide's factor (docs/guide/utilization.md): per score, palm counts QK^T and PV (4Q); the count adds the softmax (5) and the mask (1),
     # so its attention matmul term is palm's x (1 + 6 / 4Q), where nothing else runs inside the attention module
     palm_attention = table.loc[("attention", "forward"), "palm"]
     factor = 1 + 6 / (4 * q)

@@ -128,7 +128,8 @@ def test_readme_parameter_table_is_the_fitted_one():
     from flopcount.device.timemodel.params import document
 
     nv, amd = document()["params"]["nvidia"], document()["params"]["amd"]
-    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")) as fh:
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "guide", "predict.md"),
+              encoding="utf-8") as fh:
         text = fh.read()
     us = lambda s: f"{s * 1e6:.1f} us"  # noqa: E731
     for line, values in (("| matrix_efficiency |", [f"{nv['matrix_efficiency']:.3f}"]),

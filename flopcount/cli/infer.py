@@ -10,7 +10,7 @@ from flopcount.cli.common import (EXIT_OK, add_all, add_format, add_top, natural
                    print_json, records, warn)
 
 LEGEND = ("1 multiply-add = 2 FLOPs; k M G T = 1e3 1e6 1e9 1e12; bytes: each op's inputs read and outputs written "
-          "once, the KV cache's own copies counted as the entries written (README: Inference)")
+          "once, the KV cache's own copies counted as the entries written (docs: guide/inference.md)")
 
 
 NO_DEVICE = ("counts only: --device-spec NAME (see `flopcount peaks`) adds the time to first token, tokens/s, MFU, "

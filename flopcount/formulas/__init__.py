@@ -17,7 +17,7 @@ once (a second registration is refused: ``FormulaError``); one count takes formu
 (``flopcount.count(..., formulas={op: fn})``, ``per_count.py``). ``listing.py`` lists the table (``flopcount
 formulas``, and the docs' page of it).
 
-Conventions, per family (the README has the same table):
+Conventions, per family (the docs' conventions page, docs/conventions.md, has the same table):
 
 * 1 FMA = 2 FLOPs. A matmul ``(m, k) @ (k, n)`` is ``2 m n k``; ``addmm`` adds ``m n`` for the bias.
 * Pointwise arithmetic and activations: FLOPs per output element as listed in ``pointwise.py`` (add, mul, relu,

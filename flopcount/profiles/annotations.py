@@ -322,7 +322,8 @@ def load(path, domain: str = DOMAIN, by: Optional[str] = None, module_ranges: Op
                 "where they are in a domain of their own or carry a prefix")
     if ann.ranges.empty:
         raise ProfileError(f"{prof.path}: no ranges of the NVTX domain {domain!r}: mark the training loop with "
-                                "flopcount.recording.nvtx.annotate (see README, 'Annotating your own loop')")
+                                "flopcount.recording.nvtx.annotate (see the docs, guide/profiles.md, 'Annotating your "
+                                "own loop')")
     return ann
 
 
