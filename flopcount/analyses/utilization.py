@@ -114,19 +114,19 @@ class _Setup:
             return nullcontext()
         return torch.autocast(device_type=self.dev.type, dtype=self.autocast)
 
-    def count(self, inputs, target=None) -> FlopReport:
-        """The dispatch count of the step that is timed: on meta tensors, or, under autocast (whose casts happen
-        only on a real device), on the device itself."""
+    def count(self, inputs, loss) -> FlopReport:
+        """The dispatch count of the step that is timed (``loss``: the step's own): on meta tensors (the engine
+        stands meta tensors in for ``inputs``), or, under autocast (whose casts happen only on a real device), on
+        the device itself."""
         from flopcount.counting import count_step
 
         inner = self.inner
-        loss = steps_.make_loss(self.loss_fn, target)
         if distributed.is_parallelized(inner):  # FSDP2 / tensor parallel: this rank's step, run as it is
             with self.amp():
                 return distributed.count_parallelized(inner, inputs, loss_fn=loss, optimizer=self.optimizer,
                                                       device=str(self.dev), as_device=self.dev.type)
         if self.autocast is None:
-            return count_step(inner, steps_.meta_like(inputs), loss_fn=loss, optimizer=self.optimizer,
+            return count_step(inner, inputs, loss_fn=loss, optimizer=self.optimizer,
                               device="meta", as_device=self.dev.type)
         with self.amp():
             return count_step(inner, inputs, loss_fn=loss,
@@ -192,19 +192,20 @@ def utilization(model, batch, *, device=None, dtype=None, steps: int = 5, warmup
                                     input_shape=input_shape, seq_len=seq_len)
     if target is not None and scope == "one":
         target = first_sample(target)
+    loss = steps_.make_loss(loss_fn, target)
     tally = _Tally(batch_share=1.0 / distributed.ranks_per_batch(setup.inner))
-    tally.add(setup.count(inputs, target), setup.tf32, tokens=steps_.tokens_of(inputs) * tally.batch_share)
+    tally.add(setup.count(inputs, loss), setup.tf32, tokens=steps_.tokens_of(inputs) * tally.batch_share)
     # the peak is settled before any timing: an unknown device fails in a second, not after a minute of steps
-    peak_policy.resolve_peak(tally.mix, device=setup.dev, peak=peak, device_spec=device_spec)
-    run = steps_.train_step_fn(model, loss=steps_.make_loss(loss_fn, target), optimizer=setup.optimizer)
+    resolved = peak_policy.resolve_peak(tally.mix, device=setup.dev, peak=peak, device_spec=device_spec)
+    run = steps_.train_step_fn(model, loss=loss, optimizer=setup.optimizer)
 
     def step():
         with setup.amp():
             return run(inputs)
 
     timed = time_step(step, device=setup.dev, steps=steps, warmup=warmup, clock=clock, cuda=cuda)
-    return _with_input(_finish(setup, tally, timed, batch_size=steps_.batch_size_of(inputs), scope=scope),
-                       described)
+    return _with_input(_finish(setup, tally, timed, batch_size=steps_.batch_size_of(inputs), scope=scope,
+                               resolved=resolved), described)
 
 
 def _described_input(inner, batch, model_name, input_shape, seq_len, loader) -> Dict[str, str]:
@@ -294,7 +295,7 @@ def _epoch(setup: _Setup, batch, loader) -> Utilization:
         if key not in counted:
             if setup.autocast is not None:  # counted on the device itself: stand-in values there
                 inputs, target = steps_.random_on(inputs, setup.dev), steps_.random_on(target, setup.dev)
-            counted[key] = setup.count(inputs, target)
+            counted[key] = setup.count(inputs, steps_.make_loss(setup.loss_fn, target))
         tally.add(counted[key], setup.tf32, weight=1.0 / n, tokens=steps_.tokens_of(inputs))
     tally.notes.append(f"epoch: {n} steps, {samples} samples in {seconds:.4g} s (loading and transfer included)")
     return _finish(setup, tally, Measurement([seconds / n], warmup=setup.warmup, clock="epoch / steps"),
@@ -302,9 +303,11 @@ def _epoch(setup: _Setup, batch, loader) -> Utilization:
 
 
 def _finish(setup: _Setup, tally: _Tally, timed: Measurement, *, batch_size: int, scope: str,
-            steps: Optional[int] = None, epoch: bool = False) -> Utilization:
-    peak_flops, source, spec = peak_policy.resolve_peak(tally.mix, device=setup.dev, peak=setup.peak,
-                                                    device_spec=setup.device_spec)
+            steps: Optional[int] = None, epoch: bool = False, resolved=None) -> Utilization:
+    """The Utilization of the tallied step against its peak (``resolved``: the peak settled before the timing,
+    ``resolve_peak``'s answer for this tally, where there was one)."""
+    peak_flops, source, spec = resolved or peak_policy.resolve_peak(tally.mix, device=setup.dev, peak=setup.peak,
+                                                                    device_spec=setup.device_spec)
     if spec is not None and spec.measured and tally.flops / timed.median > peak_flops:
         # a step faster than a cached, measured CPU peak means the probe ran on a busier machine: measure again
         # (the cache keeps the best) before holding the step against it
