@@ -28,8 +28,7 @@ import torch
 
 from flopcount.base import collector
 from flopcount.base.errors import FlopcountError
-from flopcount.counting import blocks
-from flopcount.counting import AsGiven, aside, count_step, whole_report
+from flopcount.counting import AsGiven, aside, blocks, count_step, whole_report
 from flopcount.distributed.fake_group import fake_world
 from flopcount.distributed.layout import layout_of
 from flopcount.distributed.plan import check_degrees, is_parallelized, parallelize, plan_notes

@@ -18,8 +18,7 @@ from flopcount.model import hf as models_hf
 from flopcount.device.spec import DeviceSpec
 from flopcount.base.dtypes import dtype_name
 from flopcount.base.errors import GenerationError, model_errors, oom_as_error
-from flopcount.counting import blocks, fallback
-from flopcount.counting import count_step, counting, owned_params, rows_of
+from flopcount.counting import blocks, count_step, counting, fallback, owned_params, rows_of
 from flopcount.model.calls import preserved
 from flopcount.base.report import FlopReport
 from flopcount.model.step import batch_size_of, tokens_of
