@@ -96,7 +96,7 @@ def count_step(
 
     On meta (the default), ops with run-time kernel choices take the kernel ``as_device`` ("cpu" or "cuda") would;
     a forward that needs tensor values is counted on the CPU instead (``fallback_to_cpu``), or fails in one line.
-    The caller's model is given back unchanged (``model_calls.preserved``), except with ``given`` (``AsGiven``): the
+    The caller's model is given back unchanged (``flopcount.model.calls.preserved``), except with ``given`` (``AsGiven``): the
     model then runs as it is, on its own parameters and the inputs as passed (no stand-ins, no fallback). The
     count is the same on every run: the step draws its random numbers from a fixed seed on a fork of torch's
     generator (``step.seeded``).

@@ -6,7 +6,7 @@ nothing but those and the op's other arguments. PyTorch computes many of them in
 kernels are the reference implementations of ``torch._refs``, about a millisecond a call on a 2-core machine), and a
 generation repeats the same calls: a decode step of a 32-layer model runs some 2,500 ops, and all but the few
 whose shapes grow with the KV cache (its concatenation, attention) are the calls of the step before. The counter
-(``dispatch.py``) asks this table first, and runs the meta kernel only for a call it has not seen.
+(``counter.py``) asks this table first, and runs the meta kernel only for a call it has not seen.
 
 Remembered, only where the answer cannot depend on anything else:
 

@@ -32,7 +32,7 @@ Conventions, per family (the docs' conventions page, docs/conventions.md, has th
 
 A few ops do work that depends on the values of their tensors (how many boxes NMS compares, the size of a RoI
 pool's bins): their formulas are registered with ``values=True`` and get the tensors; on meta tensors they raise
-``NeedsValues`` and the counter reruns the step with real values (see ``estimators/dispatch.py``).
+``NeedsValues`` and the counter reruns the step with real values (see ``flopcount/counting/engine.py``).
 """
 from __future__ import annotations
 

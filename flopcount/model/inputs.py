@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
 from flopcount import formulas
-from flopcount.model import hf as models_hf, vision as models_vision
+from flopcount.model import hf, vision
 from flopcount.base.errors import InputShapeError, UtilizationError, one_line
 from flopcount.model.calls import preserved, unwrap
 
@@ -100,8 +100,8 @@ def sample_shape(model: torch.nn.Module, name: str = "", input_shape=None) -> Tu
     own = getattr(model, "example_input_shape", None)
     if own is not None:
         return tuple(own)
-    if name and models_vision.builder(name) is not None:
-        shape = models_vision.sample_shape(name, model)
+    if name and vision.builder(name) is not None:
+        shape = vision.sample_shape(name, model)
         if shape is not None:
             return shape
     return DEFAULT_IMAGE_SHAPE
@@ -116,10 +116,10 @@ def input_source(model: torch.nn.Module, name: str = "", *, input_shape=None, se
     --seq-len), ``model`` (the model's own ``example_input_shape`` or ``example_inputs``), ``family`` (its
     torchvision family's, a transformers config's sequence length) or ``default`` (3x224x224, a guess that a
     caller should be told about)."""
-    if models_hf.is_hf(model):
+    if hf.is_hf(model):
         if seq_len is not None:
             return {"shape": f"{int(seq_len)} tokens", "source": "given"}
-        return {"shape": f"{models_hf.default_seq_len(model)} tokens", "source": "family"}
+        return {"shape": f"{hf.default_seq_len(model)} tokens", "source": "family"}
     if seq_len is not None:
         return {"shape": f"{int(seq_len)} tokens", "source": "given"}
     own = getattr(model, "example_inputs", None)
@@ -129,7 +129,7 @@ def input_source(model: torch.nn.Module, name: str = "", *, input_shape=None, se
         source = "given"
     elif getattr(model, "example_input_shape", None) is not None:
         source = "model"
-    elif name and models_vision.builder(name) is not None and models_vision.sample_shape(name, model) is not None:
+    elif name and vision.builder(name) is not None and vision.sample_shape(name, model) is not None:
         source = "family"
     else:
         source = "default"
@@ -141,8 +141,8 @@ def example_inputs(model: torch.nn.Module, name: str = "", *, batch: int = 1, in
     """A batch of the model's example input: ``batch`` x the per-sample shape, on ``device``.
 
     A model may define ``example_input_shape`` (per sample) or ``example_inputs(batch)`` to say what it takes.
-    A transformers model gets token ids and its labels (``models_hf``); a torchvision detection or optical-flow
-    model gets its family's batch (``models_vision``). ``seq_len`` asks for (batch, seq_len) int64 token ids, for
+    A transformers model gets token ids and its labels (``hf``); a torchvision detection or optical-flow
+    model gets its family's batch (``vision``). ``seq_len`` asks for (batch, seq_len) int64 token ids, for
     a transformers model or any model whose first op on its input is an embedding (the ids are drawn within that
     embedding's rows). Integer tensors are real CPU tensors (their values matter: a vocabulary, a mask, boxes).
     """
@@ -151,16 +151,16 @@ def example_inputs(model: torch.nn.Module, name: str = "", *, batch: int = 1, in
     batch = int(batch)
     if seq_len is not None and int(seq_len) < 1:
         raise InputShapeError(f"sequence length must be a positive integer, not {seq_len!r}")
-    if models_hf.is_hf(model):
-        return models_hf.inputs(model, batch, seq_len, device=device, dtype=dtype)
+    if hf.is_hf(model):
+        return hf.inputs(model, batch, seq_len, device=device, dtype=dtype)
     if seq_len is not None:
         return token_ids(model, batch, int(seq_len))
     own = getattr(model, "example_inputs", None)
     if input_shape is None and callable(own) and len(inspect.signature(own).parameters) >= 1:
         return own(batch)
     shape = sample_shape(model, name, input_shape)
-    if name and models_vision.builder(name) is not None:
-        special = models_vision.example_batch(name, model, batch, shape, device, dtype)
+    if name and vision.builder(name) is not None:
+        special = vision.example_batch(name, model, batch, shape, device, dtype)
         if special is not None:
             return special
     numel = math.prod((int(batch),) + shape)

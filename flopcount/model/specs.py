@@ -18,7 +18,7 @@ from typing import Callable, Optional, Tuple
 
 import torch
 
-from flopcount.model import hf as models_hf, vision as models_vision
+from flopcount.model import hf, vision
 from flopcount.base.dtypes import parse_dtype
 from flopcount.base.errors import FlopcountError, ModelSpecError, one_line, oom_as_error
 from flopcount.model.inputs import SEED, example_inputs, random_on
@@ -55,9 +55,9 @@ def load_model(spec: str, *, num_classes: Optional[int] = None, device: str = "c
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(SEED)
-            if spec.startswith(models_hf.PREFIX):
-                source = spec[len(models_hf.PREFIX):]
-                model = models_hf.load(source, device=device)
+            if spec.startswith(hf.PREFIX):
+                source = spec[len(hf.PREFIX):]
+                model = hf.load(source, device=device)
                 name = source.rstrip("/").rpartition("/")[2] or source
             else:
                 model, name = _build_on(device, spec, num_classes)
@@ -67,7 +67,7 @@ def load_model(spec: str, *, num_classes: Optional[int] = None, device: str = "c
         raise ModelSpecError(f"building model {spec!r} failed: {one_line(exc)}") from None
     if not isinstance(model, torch.nn.Module):
         raise ModelSpecError(f"{spec!r} gave a {type(model).__name__}, not a torch.nn.Module")
-    if device != "meta" and ":" in spec and not spec.startswith(models_hf.PREFIX):
+    if device != "meta" and ":" in spec and not spec.startswith(hf.PREFIX):
         model = model.to(device)
     if device == "meta":
         _REBUILD[model] = lambda: load_model(spec, num_classes=num_classes, device="cpu", train=train)[0]
@@ -115,13 +115,13 @@ def _build_other(spec: str, num_classes: Optional[int]):
         obj = _resolve_attr(spec)
         model = obj() if not isinstance(obj, torch.nn.Module) and callable(obj) else obj
         return model, spec.rpartition(":")[2]
-    builder = models_vision.builder(spec)
+    builder = vision.builder(spec)
     if builder is None:
         raise ModelSpecError(
             f"unknown model {spec!r}: not a torchvision model name; use hf:ID_OR_DIR for a transformers model, "
             "path/to/file.py:factory or package.module:attr for your own"
         )
-    return builder(**models_vision.builder_kwargs(builder, num_classes)), spec
+    return builder(**vision.builder_kwargs(builder, num_classes)), spec
 
 
 def build(spec: str, *, batch: int = 1, input_shape=None, num_classes: Optional[int] = None, device: str = "meta",

@@ -1,5 +1,5 @@
 """THE training step: its loss, its optimizer and the step itself, on a batch made by ``inputs`` and a model called
-through ``model_calls``.
+through ``calls``.
 
 The counter (``estimators.dispatch``), the timer (``timing``), ``utilization``, the peers that run the model, the
 profile capture and the study all build their step from here, so that the step that is counted is the step that

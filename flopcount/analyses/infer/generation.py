@@ -14,7 +14,7 @@ import torch
 
 from flopcount.base import api_checks
 from flopcount.device import datasheet
-from flopcount.model import hf as models_hf
+from flopcount.model import hf
 from flopcount.device.spec import DeviceSpec
 from flopcount.base.dtypes import dtype_name
 from flopcount.base.errors import GenerationError, model_errors, oom_as_error
@@ -115,7 +115,7 @@ def _phase(name: str) -> str:
 
 def is_causal_lm(model) -> bool:
     """Whether ``model`` is a transformers model that generates (not an encoder-decoder)."""
-    return (models_hf.is_hf(model) and callable(getattr(model, "generate", None))
+    return (hf.is_hf(model) and callable(getattr(model, "generate", None))
             and not getattr(model.config, "is_encoder_decoder", False))
 
 
@@ -149,8 +149,8 @@ def generate_cost(model: torch.nn.Module, prompt_len: int, new_tokens: int, batc
     if not is_causal_lm(model):
         raise GenerationError(f"{name} is not a transformers causal language model: `infer` runs a decoder's "
                               "generation with its KV cache (hf:DIR of a *ForCausalLM config)")
-    text = models_hf.text_config(model.config)
-    limit = models_hf.max_positions(text)
+    text = hf.text_config(model.config)
+    limit = hf.max_positions(text)
     if limit and prompt_len + new_tokens - 1 > limit:
         raise GenerationError(f"a prompt of {prompt_len} and {new_tokens} new tokens needs {prompt_len + new_tokens - 1} "
                               f"positions; {name} has {limit}")
@@ -201,7 +201,7 @@ def _blocks_once(model, prompt_len, new_tokens, batch, settings) -> Optional[Gen
 
 def _generate(model, prompt_len: int, new_tokens: int, batch: int, *, device: str, as_device: str, logits: str,
               name: str, progress, remember: bool, seed: int, every_step: bool) -> Generation:
-    text = models_hf.text_config(model.config)
+    text = hf.text_config(model.config)
     with oom_as_error(f"making {batch} prompts of {prompt_len} token ids"):
         ids = torch.randint(0, text.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(seed))
     dtype = float_dtype(model)

@@ -8,7 +8,7 @@ from typing import Callable, Optional
 
 import torch
 
-from flopcount.model import hf as models_hf
+from flopcount.model import hf
 from flopcount.model.calls import call_model
 from flopcount.device.timing import Measurement, measure
 from flopcount.base.errors import GenerationError
@@ -45,7 +45,7 @@ def time_generation(model, prompt_len: int, new_tokens: int, batch: int = 1, *, 
     if device.type != "cpu":
         raise GenerationError(f"a measured generation runs on the CPU; the model is on {device}")
     clock = clock or time.perf_counter
-    text = models_hf.text_config(model.config)
+    text = hf.text_config(model.config)
     ids = torch.randint(0, text.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(seed))
     prefill, decode = [], []
 

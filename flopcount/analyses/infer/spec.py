@@ -9,7 +9,7 @@ from typing import Callable, Optional
 import torch
 
 from flopcount.device import cpu_probe, datasheet
-from flopcount.model import hf as models_hf
+from flopcount.model import hf
 from flopcount.device.spec import DeviceSpec
 from flopcount.base.dtypes import parse_dtype
 from flopcount.base.errors import GenerationError, model_errors
@@ -82,7 +82,7 @@ def from_spec(model_spec: str, *, prompt_len: Optional[int] = None, new_tokens: 
         dtype_source = "config" if dtype is not None else ""
     if dtype is not None:
         model = model.to(dtype)
-    if models_hf.is_hf(model) and getattr(model.config, "is_encoder_decoder", False):
+    if hf.is_hf(model) and getattr(model.config, "is_encoder_decoder", False):
         raise GenerationError(f"{name} is an encoder-decoder: `infer` counts a decoder's generation or one forward of "
                               "any other model; count its steps with `flopcount count`")
     if is_causal_lm(model):
@@ -120,7 +120,7 @@ def from_spec(model_spec: str, *, prompt_len: Optional[int] = None, new_tokens: 
 def config_dtype(model) -> Optional[torch.dtype]:
     """The floating-point dtype a transformers model's config names (``dtype``, formerly ``torch_dtype``), else
     None (a model of another kind, or a config that names none)."""
-    config = getattr(model, "config", None) if models_hf.is_hf(model) else None
+    config = getattr(model, "config", None) if hf.is_hf(model) else None
     if config is None:
         return None
     # transformers 5 names it dtype and warns on every read of the old name; older versions have only torch_dtype
