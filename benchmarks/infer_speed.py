@@ -11,7 +11,7 @@
    count (wall and this process's CPU time: on a shared machine the wall time grows with the other work), seconds
    per decode step, peak memory, and the machine's load average while it ran. Target: counted in under 60 s.
 
-    python benchmarks/infer_speed.py [--rounds 3] [--steps 8] [--layers 4] [--skip-llama]
+    python benchmarks/infer_speed.py [--rounds 3] [--steps 8] [--layers 4] [--skip-llama | --skip-peers]
 """
 from __future__ import annotations
 
@@ -114,17 +114,8 @@ def llama(prompt: int, new: int, batch: int):
     return times, peak, forwards, flops, nbytes, uncounted, float(f[11]), int(f[12])
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=8, help="decode steps per peer run")
-    ap.add_argument("--layers", type=int, default=4, help="layers of the Llama-3-8B-shaped peer model")
-    ap.add_argument("--prompt", type=int, default=2048)
-    ap.add_argument("--new", type=int, default=256)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--skip-llama", action="store_true", help="the peers only")
-    args = ap.parse_args(argv)
-
+def peers(args) -> None:
+    """Part 1: prints the peers' seconds per decode step and the ratios."""
     seconds = peer_rounds(args.rounds, args.steps, args.layers, args.prompt, args.batch)
     print(f"Llama-3-8B-shaped, {args.layers} layers, bf16, batch {args.batch}, prompt {args.prompt}: seconds per "
           f"decode step on meta ({args.steps} steps a run, {args.rounds} rounds)")
@@ -135,6 +126,22 @@ def main(argv=None):
         ratios = [a / b for a, b in zip(ours, seconds[name])]
         print(f"ratio flopcount / {name} = {statistics.median(ratios):.2f} (median; range {min(ratios):.2f}-"
               f"{max(ratios):.2f} over {len(ratios)} rounds)")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=8, help="decode steps per peer run")
+    ap.add_argument("--layers", type=int, default=4, help="layers of the Llama-3-8B-shaped peer model")
+    ap.add_argument("--prompt", type=int, default=2048)
+    ap.add_argument("--new", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--skip-llama", action="store_true", help="the peers only")
+    ap.add_argument("--skip-peers", action="store_true", help="the Llama-3-8B-shaped example only")
+    args = ap.parse_args(argv)
+
+    if not args.skip_peers:
+        peers(args)
     if args.skip_llama:
         return
     times, peak, forwards, flops, nbytes, uncounted, load, cpus = llama(args.prompt, args.new, args.batch)

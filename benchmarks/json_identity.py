@@ -7,6 +7,7 @@ and compares the outputs. Both runs read the same fixture files (this tree's), s
 
     python benchmarks/json_identity.py --against HEAD~3     # exit 0 if every output is byte-identical
     python benchmarks/json_identity.py --write DIR          # keep this tree's outputs, one file per command
+    python benchmarks/json_identity.py --against REV --only trace_mi250,nsys_mfu   # some of the commands
 """
 from __future__ import annotations
 
@@ -40,11 +41,12 @@ COMMANDS = {
 }
 
 
-def run_all(tree: str) -> dict:
-    """{name: (exit code, stdout bytes)} of every command run with the package of ``tree``."""
+def run_all(tree: str, names=None) -> dict:
+    """{name: (exit code, stdout bytes)} of every command (or those ``names``) run with the package of ``tree``."""
     env = dict(os.environ, PYTHONPATH=tree, PYTHONHASHSEED="0")
     out = {}
-    for name, args in COMMANDS.items():
+    for name in names or COMMANDS:
+        args = COMMANDS[name]
         done = subprocess.run([sys.executable, "-m", "flopcount", *args, "--format", "json"], cwd=tree, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         out[name] = (done.returncode, done.stdout)
@@ -53,10 +55,14 @@ def run_all(tree: str) -> dict:
 
 
 def compare(ours: dict, theirs: dict) -> list:
-    """The names whose exit code or bytes differ, each with the first lines of a diff."""
+    """The names whose exit code or bytes differ, each with the first lines of a diff (a command run on one side
+    only differs)."""
     bad = []
-    for name in COMMANDS:
-        if ours[name] == theirs[name]:
+    for name in [*ours, *(n for n in theirs if n not in ours)]:
+        if ours.get(name) == theirs.get(name):
+            continue
+        if name not in ours or name not in theirs:
+            bad.append((name, [f"run {'here' if name in ours else 'there'} only"]))
             continue
         diff = difflib.unified_diff(theirs[name][1].decode(errors="replace").splitlines(),
                                     ours[name][1].decode(errors="replace").splitlines(), lineterm="", n=0)
@@ -68,11 +74,16 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--against", metavar="REV", help="a git revision to compare this tree with")
     ap.add_argument("--write", metavar="DIR", help="write this tree's outputs to DIR")
+    ap.add_argument("--only", metavar="NAMES", help="comma-separated command names (default: all of them)")
     args = ap.parse_args(argv)
     if not args.against and not args.write:
         ap.error("give --against REV, --write DIR or both")
+    names = [n for n in (args.only or "").split(",") if n] or list(COMMANDS)
+    unknown = [n for n in names if n not in COMMANDS]
+    if unknown:
+        ap.error(f"unknown command name {unknown[0]!r} (known: {', '.join(COMMANDS)})")
     print("this tree:", file=sys.stderr)
-    ours = run_all(ROOT)
+    ours = run_all(ROOT, names)
     if args.write:
         os.makedirs(args.write, exist_ok=True)
         for name, (_, data) in ours.items():
@@ -85,13 +96,13 @@ def main(argv=None) -> int:
         subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", "-q", other, args.against], check=True)
         try:
             print(f"{args.against}:", file=sys.stderr)
-            theirs = run_all(other)
+            theirs = run_all(other, names)
         finally:
             subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", other], check=False)
     bad = compare(ours, theirs)
     for name, lines in bad:
         print(f"{name}: differs", *("    " + line for line in lines), sep="\n")
-    print(f"{len(COMMANDS) - len(bad)} of {len(COMMANDS)} outputs byte-identical with {args.against}")
+    print(f"{len(names) - len(bad)} of {len(names)} outputs byte-identical with {args.against}")
     return 1 if bad else 0
 
 

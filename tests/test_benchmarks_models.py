@@ -7,6 +7,8 @@ import pytest
 
 from helpers import run_benchmark as run
 
+pytestmark = pytest.mark.bench  # `-m 'not bench'` leaves the benchmarks' smoke tests out
+
 
 def test_lm_count_speed_prints_the_ratio_with_its_spread():
     pytest.importorskip("transformers")
@@ -17,10 +19,10 @@ def test_lm_count_speed_prints_the_ratio_with_its_spread():
 @pytest.mark.slow
 def test_lm_count_speed_counts_the_llama_shaped_model():
     pytest.importorskip("transformers")
-    out = run("lm_count_speed.py", "--rounds", "1", "--layers", "1", "--batch", "1", "--seq", "16",
-              "--llama-seq", "64")
+    out = run("lm_count_speed.py", "--skip-gpt2", "--llama-seq", "64")  # GPT-2's part: the test above
     line = [l for l in out.splitlines() if l.startswith("Llama-3-8B-shaped")][0]
     assert "8.03 B parameters" in line and "on meta" in line and " 0 uncounted ops" in line
+    assert "GPT-2" not in out and "ratio" not in out  # --skip-gpt2 ran the Llama count alone
 
 
 def test_infer_speed_prints_the_ratios_with_their_spread():
@@ -34,10 +36,10 @@ def test_infer_speed_prints_the_ratios_with_their_spread():
 @pytest.mark.slow
 def test_infer_speed_counts_the_llama_shaped_generation():
     pytest.importorskip("transformers")
-    out = run("infer_speed.py", "--rounds", "1", "--steps", "1", "--layers", "1", "--prompt", "64", "--new", "3",
-              "--batch", "1")
+    out = run("infer_speed.py", "--skip-peers", "--prompt", "64", "--new", "3", "--batch", "1")  # peers: above
     line = [l for l in out.splitlines() if l.startswith("Llama-3-8B-shaped (32 layers)")][0]
     assert "(2 decode steps)" in line and " 0 uncounted ops" in line
+    assert "ratio" not in out  # --skip-peers ran the example alone
 
 
 @pytest.mark.slow

@@ -197,6 +197,7 @@ def test_the_callers_model_is_untouched():
     assert not torch.distributed.is_initialized()
 
 
+@pytest.mark.bench
 def test_the_70b_benchmark_runs_small_and_its_products_meet_their_closed_forms():
     pytest.importorskip("transformers")
     import json

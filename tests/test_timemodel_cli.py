@@ -133,6 +133,7 @@ def test_nsys_predict_on_a_generated_export(capsys, tmp_path):
         assert r["kernels"] * floor * (1 - 1e-5) <= r["predicted_s"] < r["kernels"] * 10 * floor
 
 
+@pytest.mark.bench
 def test_the_benchmark_prints_model_and_roofline_per_profile_and_family(tmp_path):
     from helpers import run_benchmark
 
