@@ -193,7 +193,7 @@ def test_the_markdown_page_has_one_row_per_op():
     page = listing.markdown()
     rows = [line for line in page.splitlines() if line.startswith("| `")]
     assert page.startswith("# The formula table\n") and len(rows) == len(listing.rows())
-    assert "| `aten.mm` | matmul | matmul | `mm` | The formula of ``aten.mm``" in page
+    assert "| `aten.mm` | matmul | matmul | `mm` | ``2 m k n`` for ``(m, k) @ (k, n)``. |" in page
     assert "| `aten.view` | memory | memory | view | A view or metadata op: no arithmetic, no bytes. |" in page
     assert all(line.count(" | ") - line.count("\\|") == 4 for line in rows)  # no cell's text breaks the table
     assert not listing.markdown(title="").startswith("#")

@@ -86,22 +86,27 @@ def _blhe(q, k, v):
 
 @register("aten._scaled_dot_product_flash_attention_for_cpu", family="attention")
 def sdpa_flash_cpu(q, k, v, dropout_p=0.0, is_causal=False, *_, attn_mask=None, out_shape=None, **__):
-    """The formula of ``aten._scaled_dot_product_flash_attention_for_cpu``: its FLOPs from the shapes of its
-    arguments."""
+    """``B H Lq Lk (2 E + 2 Ev + 5)``, +1 per score if causal or with ``attn_mask``, +2 with dropout.
+
+    q, k, v are (B, H, L, E), H the query heads; E is the head dim of q and k, Ev that of v."""
     return attention_forward(*_bhle(q, k, v), is_causal, is_shape(attn_mask), dropout_p > 0)
 
 
 @register("aten._scaled_dot_product_flash_attention_for_cpu_backward", family="attention")
 def sdpa_flash_cpu_backward(grad_out, q, k, v, out, lse, dropout_p=0.0, is_causal=False, *_, attn_mask=None,
                             out_shape=None, **__):
-    """The formula of ``aten._scaled_dot_product_flash_attention_for_cpu_backward``: its FLOPs from the shapes of its
-    arguments."""
+    """``B H (Lq Lk (6 E + 4 Ev + 5) + 2 Lq Ev)``, +1 per score if causal or with ``attn_mask``, +2 with dropout.
+
+    q, k, v are (B, H, L, E), H the query heads; E is the head dim of q and k, Ev that of v."""
     return attention_backward(*_bhle(q, k, v), is_causal, is_shape(attn_mask), dropout_p > 0)
 
 
 @register("aten._scaled_dot_product_flash_attention", family="attention")
 def sdpa_flash(q, k, v, *args, out_shape=None, **__):
-    """The formula of ``aten._scaled_dot_product_flash_attention``: its FLOPs from the shapes of its arguments."""
+    """``B H Lq Lk (2 E + 2 Ev + 5)``, +1 per score if causal, +2 with dropout.
+
+    q, k, v are (B, H, L, E), H the query heads; E is the head dim of q and k, Ev that of v. The ``.quantized``
+    overload's descale arguments are skipped."""
     if args and (args[0] is None or is_shape(args[0])):  # the .quantized overload: q/k/v descales come first
         args = args[3:]
     dropout_p = args[0] if len(args) > 0 else 0.0
@@ -112,65 +117,80 @@ def sdpa_flash(q, k, v, *args, out_shape=None, **__):
 @register("aten._scaled_dot_product_flash_attention_backward", family="attention")
 def sdpa_flash_backward(grad_out, q, k, v, out, lse, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, *_,
                         out_shape=None, **__):
-    """The formula of ``aten._scaled_dot_product_flash_attention_backward``: its FLOPs from the shapes of its
-    arguments."""
+    """``B H (Lq Lk (6 E + 4 Ev + 5) + 2 Lq Ev)``, +1 per score if causal, +2 with dropout.
+
+    q, k, v are (B, H, L, E), H the query heads; E is the head dim of q and k, Ev that of v."""
     return attention_backward(*_bhle(q, k, v), is_causal, False, dropout_p > 0)
 
 
 @register("aten._scaled_dot_product_efficient_attention", family="attention")
 def sdpa_efficient(q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, *_, out_shape=None, **__):
-    """The formula of ``aten._scaled_dot_product_efficient_attention``: its FLOPs from the shapes of its arguments."""
+    """``B H Lq Lk (2 E + 2 Ev + 5)``, +1 per score if causal or with ``attn_bias``, +2 with dropout.
+
+    q, k, v are (B, H, L, E), H the query heads; E is the head dim of q and k, Ev that of v."""
     return attention_forward(*_bhle(q, k, v), is_causal, is_shape(attn_bias), dropout_p > 0)
 
 
 @register("aten._scaled_dot_product_efficient_attention_backward", family="attention")
 def sdpa_efficient_backward(grad_out, q, k, v, attn_bias, out, lse, seed, offset, dropout_p, grad_input_mask,
                             is_causal=False, *_, out_shape=None, **__):
-    """The formula of ``aten._scaled_dot_product_efficient_attention_backward``: its FLOPs from the shapes of its
-    arguments."""
+    """``B H (Lq Lk (6 E + 4 Ev + 5) + 2 Lq Ev)``, +1 per score if causal or with ``attn_bias``, +2 with dropout.
+
+    q, k, v are (B, H, L, E), H the query heads; E is the head dim of q and k, Ev that of v. All three gradients are
+    counted, whatever ``grad_input_mask`` says."""
     return attention_backward(*_bhle(q, k, v), is_causal, is_shape(attn_bias), dropout_p > 0)
 
 
 @register("aten._scaled_dot_product_cudnn_attention", family="attention")
 def sdpa_cudnn(q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, *_, out_shape=None, **__):
-    """The formula of ``aten._scaled_dot_product_cudnn_attention``: its FLOPs from the shapes of its arguments."""
+    """``B H Lq Lk (2 E + 2 Ev + 5)``, +1 per score if causal or with ``attn_bias``, +2 with dropout.
+
+    q, k, v are (B, H, L, E), H the query heads; E is the head dim of q and k, Ev that of v."""
     return attention_forward(*_bhle(q, k, v), is_causal, is_shape(attn_bias), dropout_p > 0)
 
 
 @register("aten._scaled_dot_product_cudnn_attention_backward", family="attention")
 def sdpa_cudnn_backward(grad_out, q, k, v, out, lse, seed, offset, attn_bias, cum_seq_q, cum_seq_k, max_q, max_k,
                         dropout_p, is_causal, *_, out_shape=None, **__):
-    """The formula of ``aten._scaled_dot_product_cudnn_attention_backward``: its FLOPs from the shapes of its
-    arguments."""
+    """``B H (Lq Lk (6 E + 4 Ev + 5) + 2 Lq Ev)``, +1 per score if causal or with ``attn_bias``, +2 with dropout.
+
+    q, k, v are (B, H, L, E), H the query heads; E is the head dim of q and k, Ev that of v."""
     return attention_backward(*_bhle(q, k, v), is_causal, is_shape(attn_bias), dropout_p > 0)
 
 
 @register("aten._scaled_dot_product_fused_attention_overrideable", family="attention")
 def sdpa_overrideable(q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False, *_, out_shape=None, **__):
-    """The formula of ``aten._scaled_dot_product_fused_attention_overrideable``: its FLOPs from the shapes of its
-    arguments."""
+    """``B H Lq Lk (2 E + 2 Ev + 5)``, +1 per score if causal or with ``attn_bias``, +2 with dropout.
+
+    q, k, v are (B, H, L, E), H the query heads; E is the head dim of q and k, Ev that of v."""
     return attention_forward(*_bhle(q, k, v), is_causal, is_shape(attn_bias), dropout_p > 0)
 
 
 @register("aten._scaled_dot_product_fused_attention_overrideable_backward", family="attention")
 def sdpa_overrideable_backward(grad_out, q, k, v, attn_bias, grad_input_mask, out, lse, cum_seq_q, cum_seq_k, max_q,
                                max_k, dropout_p, is_causal, *_, out_shape=None, **__):
-    """The formula of ``aten._scaled_dot_product_fused_attention_overrideable_backward``: its FLOPs from the shapes of
-    its arguments."""
+    """``B H (Lq Lk (6 E + 4 Ev + 5) + 2 Lq Ev)``, +1 per score if causal or with ``attn_bias``, +2 with dropout.
+
+    q, k, v are (B, H, L, E), H the query heads; E is the head dim of q and k, Ev that of v. All three gradients are
+    counted, whatever ``grad_input_mask`` says."""
     return attention_backward(*_bhle(q, k, v), is_causal, is_shape(attn_bias), dropout_p > 0)
 
 
 @register("aten._cudnn_attention_forward", family="attention")
 def cudnn_attention_forward(q, k, v, attn_bias, cum_seq_q, cum_seq_k, max_q, max_k, compute_log_sumexp,
                             dropout_p=0.0, is_causal=False, *_, out_shape=None, **__):
-    """The formula of ``aten._cudnn_attention_forward``: its FLOPs from the shapes of its arguments."""
+    """``B H Lq Lk (2 E + 2 Ev + 5)``, +1 per score if causal or with ``attn_bias``, +2 with dropout.
+
+    q, k, v are (B, H, L, E), H the query heads; E is the head dim of q and k, Ev that of v."""
     return attention_forward(*_bhle(q, k, v), is_causal, is_shape(attn_bias), dropout_p > 0)
 
 
 @register("aten._cudnn_attention_backward", family="attention")
 def cudnn_attention_backward(grad_out, q, k, v, out, lse, seed, offset, attn_bias, cum_seq_q, cum_seq_k, max_q,
                              max_k, dropout_p, is_causal, *_, out_shape=None, **__):
-    """The formula of ``aten._cudnn_attention_backward``: its FLOPs from the shapes of its arguments."""
+    """``B H (Lq Lk (6 E + 4 Ev + 5) + 2 Lq Ev)``, +1 per score if causal or with ``attn_bias``, +2 with dropout.
+
+    q, k, v are (B, H, L, E), H the query heads; E is the head dim of q and k, Ev that of v."""
     return attention_backward(*_bhle(q, k, v), is_causal, is_shape(attn_bias), dropout_p > 0)
 
 
@@ -178,14 +198,18 @@ def cudnn_attention_backward(grad_out, q, k, v, out, lse, seed, offset, attn_bia
 
 @register("aten._flash_attention_forward", family="attention")
 def flash_forward(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, *_, out_shape=None, **__):
-    """The formula of ``aten._flash_attention_forward``: its FLOPs from the shapes of its arguments."""
+    """``B H Lq Lk (2 E + 2 Ev + 5)``, +1 per score if causal, +2 with dropout.
+
+    q, k, v are (B, L, H, E), H the query heads; E is the head dim of q and k, Ev that of v."""
     return attention_forward(*_blhe(q, k, v), is_causal, False, dropout_p > 0)
 
 
 @register("aten._flash_attention_backward", family="attention")
 def flash_backward(grad_out, q, k, v, out, lse, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, *_,
                    out_shape=None, **__):
-    """The formula of ``aten._flash_attention_backward``: its FLOPs from the shapes of its arguments."""
+    """``B H (Lq Lk (6 E + 4 Ev + 5) + 2 Lq Ev)``, +1 per score if causal, +2 with dropout.
+
+    q, k, v are (B, L, H, E), H the query heads; E is the head dim of q and k, Ev that of v."""
     return attention_backward(*_blhe(q, k, v), is_causal, False, dropout_p > 0)
 
 
@@ -196,7 +220,9 @@ def _custom_mask(custom_mask_type):
 @register("aten._efficient_attention_forward", family="attention")
 def efficient_forward(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                       custom_mask_type, *_, out_shape=None, **__):
-    """The formula of ``aten._efficient_attention_forward``: its FLOPs from the shapes of its arguments."""
+    """``B H Lq Lk (2 E + 2 Ev + 5)``, +1 per score with a ``custom_mask_type`` or a bias, +2 with dropout.
+
+    q, k, v are (B, L, H, E), H the query heads; E is the head dim of q and k, Ev that of v."""
     return attention_forward(*_blhe(q, k, v), _custom_mask(custom_mask_type), is_shape(bias),
                              dropout_p > 0)
 
@@ -204,6 +230,8 @@ def efficient_forward(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
 @register("aten._efficient_attention_backward", family="attention")
 def efficient_backward(grad_out, q, k, v, bias, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, lse,
                        dropout_p, seed, offset, custom_mask_type, *_, out_shape=None, **__):
-    """The formula of ``aten._efficient_attention_backward``: its FLOPs from the shapes of its arguments."""
+    """``B H (Lq Lk (6 E + 4 Ev + 5) + 2 Lq Ev)``, +1 per score with a ``custom_mask_type`` or a bias, +2 with dropout.
+
+    q, k, v are (B, L, H, E), H the query heads; E is the head dim of q and k, Ev that of v."""
     return attention_backward(*_blhe(q, k, v), _custom_mask(custom_mask_type), is_shape(bias),
                               dropout_p > 0)

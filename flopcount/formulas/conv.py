@@ -44,8 +44,9 @@ def conv_flops(x, w, out, transposed: bool = False, bias: bool = False) -> int:
 
 @register("aten.convolution", "aten._convolution", "aten.convolution_overrideable", family="conv")
 def convolution(x, w, bias=None, stride=None, padding=None, dilation=None, transposed=False, *_, out_shape=None, **__):
-    """The formula of ``aten._convolution``, ``aten.convolution``, ``aten.convolution_overrideable``: its FLOPs from the
-    shapes of its arguments."""
+    """``2 N P numel(w)``, P the output positions (input positions if transposed), plus ``numel(out)`` for a bias.
+
+    N is the batch, w the weight; stride, padding, dilation and groups act through P and ``numel(w)``."""
     return conv_flops(x, w, _first(out_shape), bool(transposed), bias is not None)
 
 
@@ -57,44 +58,43 @@ def convolution(x, w, bias=None, stride=None, padding=None, dilation=None, trans
     family="conv",
 )
 def conv_with_bias_arg(x, w, *args, out_shape=None, bias=None, **__):
-    """A backend's own convolution (mkldnn, miopen, nnpack, the slow, dilated and depthwise kernels), counted as
-    ``aten.convolution``.
+    """As ``aten.convolution``: ``2 N P numel(w)``, P the output positions, plus ``numel(out)`` for a bias.
 
-    In all of these, the bias is the first optional tensor argument after the weight (or absent)."""
+    A backend's own convolution (mkldnn, miopen, nnpack, the slow, dilated and depthwise kernels). In all of these,
+    the bias is the first optional tensor argument after the weight (or absent)."""
     has_bias = bias is not None or any(_is_size(a) for a in args)
     return conv_flops(x, w, _first(out_shape), False, has_bias)
 
 
 @register("aten.cudnn_convolution", family="conv")
 def cudnn_convolution(x, w, *_, out_shape=None, **__):
-    """The formula of ``aten.cudnn_convolution``: its FLOPs from the shapes of its arguments."""
+    """``2 N P numel(w)``, P the output positions; cuDNN's op takes no bias."""
     return conv_flops(x, w, _first(out_shape), False, False)
 
 
 @register("aten.cudnn_convolution_transpose", family="conv")
 def cudnn_convolution_transpose(x, w, *_, out_shape=None, **__):
-    """The formula of ``aten.cudnn_convolution_transpose``: its FLOPs from the shapes of its arguments."""
+    """``2 N P numel(w)``, P the input positions (a transposed convolution); cuDNN's op takes no bias."""
     return conv_flops(x, w, _first(out_shape), True, False)
 
 
 @register("aten.miopen_convolution_transpose", "aten.slow_conv_transpose2d", "aten.slow_conv_transpose3d", family="conv")
 def conv_transpose_with_bias_arg(x, w, *args, out_shape=None, bias=None, **__):
-    """The formula of ``aten.miopen_convolution_transpose``, ``aten.slow_conv_transpose2d``,
-    ``aten.slow_conv_transpose3d``: its FLOPs from the shapes of its arguments."""
+    """``2 N P numel(w)``, P the input positions (a transposed convolution), plus ``numel(out)`` for a bias."""
     has_bias = bias is not None or any(_is_size(a) for a in args)
     return conv_flops(x, w, _first(out_shape), True, has_bias)
 
 
 @register("aten.cudnn_convolution_relu", family="conv")
 def cudnn_convolution_relu(x, w, bias=None, *_, out_shape=None, **__):
-    """The formula of ``aten.cudnn_convolution_relu``: its FLOPs from the shapes of its arguments."""
+    """The convolution's ``2 N P numel(w)`` (+ ``numel(out)`` for a bias), plus ``numel(out)`` for the relu."""
     out = _first(out_shape)
     return conv_flops(x, w, out, False, bias is not None) + numel(out)  # + relu
 
 
 @register("aten.cudnn_convolution_add_relu", family="conv")
 def cudnn_convolution_add_relu(x, w, z, alpha=None, bias=None, *_, out_shape=None, **__):
-    """The formula of ``aten.cudnn_convolution_add_relu``: its FLOPs from the shapes of its arguments."""
+    """The convolution (+ a bias), plus per output element 1 to add ``z`` (2 if alpha is not 1) and 1 for the relu."""
     out = _first(out_shape)
     extra = 2 if alpha not in (None, 1) else 1  # + alpha * z
     return conv_flops(x, w, out, False, bias is not None) + numel(out) * (extra + 1)  # + relu
@@ -118,20 +118,27 @@ def conv_backward_flops(grad_out, x, w, transposed: bool, output_mask) -> int:
 @register("aten.convolution_backward", family="conv")
 def convolution_backward(grad_out, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
                          output_mask, *_, out_shape=None, **__):
-    """The formula of ``aten.convolution_backward``: its FLOPs from the shapes of its arguments."""
+    """By ``output_mask``: grad_input ``2 N P numel(w)``, grad_weight the same, grad_bias ``numel(grad_out)``.
+
+    P: the output positions, or the input positions of a transposed convolution."""
     return conv_backward_flops(grad_out, x, w, bool(transposed), output_mask)
 
 
 @register("aten.convolution_backward_overrideable", family="conv")
 def convolution_backward_overrideable(grad_out, x, w, stride, padding, dilation, transposed, output_padding, groups,
                                       output_mask, *_, out_shape=None, **__):
-    """The formula of ``aten.convolution_backward_overrideable``: its FLOPs from the shapes of its arguments."""
+    """By ``output_mask``: grad_input ``2 N P numel(w)``, grad_weight the same, grad_bias ``numel(grad_out)``.
+
+    P: the output positions, or the input positions of a transposed convolution."""
     return conv_backward_flops(grad_out, x, w, bool(transposed), output_mask)
 
 
 @register("aten._slow_conv2d_backward", family="conv")
 def slow_conv2d_backward(grad_out, x, w, kernel_size, stride, padding, output_mask=None, *_, out_shape=None, **kw):
-    """The formula of ``aten._slow_conv2d_backward``: its FLOPs from the shapes of its arguments."""
+    """By ``output_mask``: grad_input ``2 N P numel(w)``, grad_weight the same, grad_bias ``numel(grad_out)``.
+
+    P: the output positions, or the input positions of a transposed convolution. Without ``output_mask`` (the
+    ``.grad_input`` overload), the gradient tensors passed say which are computed."""
     if output_mask is None:  # the .grad_input overload: the outputs passed (or None) say what is computed
         output_mask = [kw.get(k) is not None for k in ("grad_input", "grad_weight", "grad_bias")]
     return conv_backward_flops(grad_out, x, w, False, output_mask)

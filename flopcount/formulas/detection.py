@@ -69,14 +69,17 @@ def _align(rois, channels, spatial_scale, ph, pw, sampling_ratio, aligned) -> in
 @register("torchvision.roi_align", family="pooling", values=True)
 def roi_align(x, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio=-1, aligned=False, *_,
               out_shape=None, **__):
-    """The formula of ``torchvision.roi_align``: its FLOPs from the shapes of its arguments."""
+    """20 per sample position and ``8 S + 1`` per output element, S the samples per bin.
+
+    S is ``sampling_ratio`` squared, or, where ``sampling_ratio <= 0``, found per region from the boxes' values. A
+    sample position (K regions x ph x pw bins x S) is shared by all C channels."""
     return _align(rois, shape_of(x)[1], spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned)
 
 
 @register("torchvision._roi_align_backward", family="pooling", values=True)
 def roi_align_backward(grad, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height, width,
                        sampling_ratio=-1, aligned=False, *_, out_shape=None, **__):
-    """The formula of ``torchvision._roi_align_backward``: its FLOPs from the shapes of its arguments."""
+    """As ``roi_align``: 20 per sample position and ``8 S + 1`` per grad element (S samples per bin)."""
     return _align(rois, channels, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned)
 
 
@@ -97,7 +100,7 @@ def _bin_bounds(start, size, n_bins, limit):
 
 @register("torchvision.roi_pool", family="pooling", values=True)
 def roi_pool(x, rois, spatial_scale, pooled_height, pooled_width, *_, out_shape=None, **__):
-    """The formula of ``torchvision.roi_pool``: its FLOPs from the shapes of its arguments."""
+    """One comparison per input element of each bin, per channel, the bins following the rounded boxes."""
     import torch
     n, c, height, width = (int(d) for d in shape_of(x))
     r = _values(rois).to(torch.float32)
@@ -115,5 +118,5 @@ def roi_pool(x, rois, spatial_scale, pooled_height, pooled_width, *_, out_shape=
 
 @register("torchvision._roi_pool_backward", family="pooling")
 def roi_pool_backward(grad, *_, out_shape=None, **__):
-    """The formula of ``torchvision._roi_pool_backward``: its FLOPs from the shapes of its arguments."""
+    """One add per grad element, into the input position that won."""
     return numel(shape_of(grad))

@@ -52,7 +52,7 @@ def weighted_sum(taps: int) -> int:
 
 def _upsample(kind: str):
     def formula(x, *_, out_shape=None, **__):
-        """Linear, bilinear, bicubic or trilinear upsampling: a weighted sum of the kind's taps per output element."""
+        """``2k - 1`` per output element, a weighted sum of k taps (linear 2, bilinear 4, trilinear 8, bicubic 16)."""
         return numel(first_shape(out_shape)) * weighted_sum(TAPS[kind])
 
     return formula
@@ -60,7 +60,8 @@ def _upsample(kind: str):
 
 def _upsample_backward(kind: str):
     def formula(grad_out, *_, out_shape=None, **__):
-        """Its backward: a multiply and an add per tap per grad_output element."""
+        """``2k`` per grad_output element: a multiply and an add per tap (linear 2, bilinear 4, trilinear 8,
+        bicubic 16)."""
         return numel(grad_out) * 2 * TAPS[kind]
 
     return formula
@@ -120,37 +121,53 @@ def grid_sample_backward_flops(x, grid, mode, dims: int, output_mask) -> int:
 
 @register("aten.grid_sampler_2d", family="interpolate")
 def grid_sampler_2d(x, grid, interpolation_mode=0, *_, out_shape=None, **__):
-    """The formula of ``aten.grid_sampler_2d``: its FLOPs from the shapes of its arguments."""
+    """Per output element 7 (bilinear), 31 (bicubic) or 0 (nearest), plus 16, 60 or 8 per grid point.
+
+    An output element is a weighted sum of k taps, 2k - 1 (bilinear 4 taps, bicubic 16; nearest copies). Output
+    elements: N x C x the grid's points. Per grid point: 6 to unnormalise its two coordinates, and its weights (bilinear
+    10, nearest 2, bicubic 54)."""
     return grid_sample_flops(x, grid, interpolation_mode, 2)
 
 
 @register("aten.grid_sampler_3d", family="interpolate")
 def grid_sampler_3d(x, grid, interpolation_mode=0, *_, out_shape=None, **__):
-    """The formula of ``aten.grid_sampler_3d``: its FLOPs from the shapes of its arguments."""
+    """Per output element 15 (trilinear) or 0 (nearest), plus 34 or 12 per grid point.
+
+    A trilinear output element is a weighted sum of 8 taps (2k - 1 = 15); nearest copies. Per grid point: 9 to
+    unnormalise its three coordinates, and its weights (trilinear 25, nearest 3). Bicubic has no 3-D formula."""
     return grid_sample_flops(x, grid, interpolation_mode, 3)
 
 
 @register("aten.grid_sampler_2d_backward", family="interpolate")
 def grid_sampler_2d_backward(grad_out, x, grid, interpolation_mode, padding_mode, align_corners, output_mask, *_,
                              out_shape=None, **__):
-    """The formula of ``aten.grid_sampler_2d_backward``: its FLOPs from the shapes of its arguments."""
+    """Per output element, by ``output_mask``: grad_input ``2k`` (nearest 1), grad_grid ``4k`` (nearest 0); plus
+    per-point work.
+
+    Per grid point, the forward's coordinates and weights are recomputed; grad_grid adds 2 per grid point (the chain
+    rule through the unnormalisation), and bicubic 50 more (its coefficients' derivatives). k: the taps, bilinear 4,
+    bicubic 16."""
     return grid_sample_backward_flops(x, grid, interpolation_mode, 2, output_mask)
 
 
 @register("aten.grid_sampler_3d_backward", family="interpolate")
 def grid_sampler_3d_backward(grad_out, x, grid, interpolation_mode, padding_mode, align_corners, output_mask, *_,
                              out_shape=None, **__):
-    """The formula of ``aten.grid_sampler_3d_backward``: its FLOPs from the shapes of its arguments."""
+    """Per output element, by ``output_mask``: grad_input ``2k`` (nearest 1), grad_grid ``6k`` (nearest 0); plus
+    per-point work.
+
+    Per grid point, the forward's coordinates and weights are recomputed; grad_grid adds 3 per grid point (the chain
+    rule through the unnormalisation). k: the taps, trilinear 8."""
     return grid_sample_backward_flops(x, grid, interpolation_mode, 3, output_mask)
 
 
 @register("aten.cudnn_grid_sampler", family="interpolate")
 def cudnn_grid_sampler(x, grid, *_, out_shape=None, **__):
-    """The formula of ``aten.cudnn_grid_sampler``: its FLOPs from the shapes of its arguments."""
+    """As bilinear ``grid_sampler_2d``: 7 per output element, 16 per grid point."""
     return grid_sample_flops(x, grid, 0, 2)  # cuDNN samples bilinearly, zero padding
 
 
 @register("aten.cudnn_grid_sampler_backward", family="interpolate")
 def cudnn_grid_sampler_backward(x, grid, grad_out, *_, out_shape=None, **__):
-    """The formula of ``aten.cudnn_grid_sampler_backward``: its FLOPs from the shapes of its arguments."""
+    """As bilinear ``grid_sampler_2d_backward`` with both gradients: 24 per output element, 18 per grid point."""
     return grid_sample_backward_flops(x, grid, 0, 2, (True, True))

@@ -30,7 +30,7 @@ def _scale_terms(out_elems: int, beta=1, alpha=1, has_self: bool = True) -> int:
 
 @register("aten.mm", family="matmul")
 def mm(a, b, *_, out_shape=None, **__):
-    """The formula of ``aten.mm``: its FLOPs from the shapes of its arguments."""
+    """``2 m k n`` for ``(m, k) @ (k, n)``."""
     m, k = a
     n = b[1]
     return 2 * m * k * n
@@ -38,7 +38,7 @@ def mm(a, b, *_, out_shape=None, **__):
 
 @register("aten.bmm", family="matmul")
 def bmm(a, b, *_, out_shape=None, **__):
-    """The formula of ``aten.bmm``: its FLOPs from the shapes of its arguments."""
+    """``2 b m k n`` for ``(b, m, k) @ (b, k, n)``."""
     bat, m, k = a
     n = b[2]
     return 2 * bat * m * k * n
@@ -46,7 +46,9 @@ def bmm(a, b, *_, out_shape=None, **__):
 
 @register("aten.addmm", family="matmul")
 def addmm(bias, a, b, *_, beta=1, alpha=1, out_shape=None, **__):
-    """The formula of ``aten.addmm``: its FLOPs from the shapes of its arguments."""
+    """``2 m k n`` for ``(m, k) @ (k, n)``, plus ``m n`` for the bias and ``m n`` per scale (beta, alpha) not 1.
+
+    With ``beta == 0`` the bias is ignored: neither its add nor its scale is counted."""
     m, k = a
     n = b[1]
     return 2 * m * k * n + _scale_terms(m * n, beta, alpha)
@@ -54,7 +56,9 @@ def addmm(bias, a, b, *_, beta=1, alpha=1, out_shape=None, **__):
 
 @register("aten._addmm_activation", family="matmul")
 def addmm_activation(bias, a, b, *_, beta=1, alpha=1, use_gelu=False, out_shape=None, **__):
-    """The formula of ``aten._addmm_activation``: its FLOPs from the shapes of its arguments."""
+    """addmm's ``2 m k n + m n``, plus per output element 1 for the relu or 9 for the gelu (tanh form).
+
+    The scale terms (beta, alpha not 1) are counted as in ``addmm``."""
     m, n = a[0], b[1]
     # gelu here is the tanh approximation (as cuBLASLt's epilogue computes it); see pointwise.COST
     return addmm(bias, a, b, beta=beta, alpha=alpha) + m * n * (9 if use_gelu else 1)
@@ -62,7 +66,9 @@ def addmm_activation(bias, a, b, *_, beta=1, alpha=1, use_gelu=False, out_shape=
 
 @register("aten.baddbmm", family="matmul")
 def baddbmm(bias, a, b, *_, beta=1, alpha=1, out_shape=None, **__):
-    """The formula of ``aten.baddbmm``: its FLOPs from the shapes of its arguments."""
+    """``2 b m k n`` for ``(b, m, k) @ (b, k, n)``, plus ``b m n`` for ``self`` and ``b m n`` per scale not 1.
+
+    With ``beta == 0`` ``self`` is ignored: neither its add nor its scale is counted."""
     bat, m, k = a
     n = b[2]
     return 2 * bat * m * k * n + _scale_terms(bat * m * n, beta, alpha)
@@ -70,8 +76,11 @@ def baddbmm(bias, a, b, *_, beta=1, alpha=1, out_shape=None, **__):
 
 @register("aten.addbmm", family="matmul")
 def addbmm(bias, a, b, *_, beta=1, alpha=1, out_shape=None, **__):
+    """``2 b m k n`` for the ``b`` products ``(m, k) @ (k, n)`` summed into one, plus ``m n`` for ``self``.
+
+    Summing over the batch adds nothing: it continues the multiply-add chain of each dot product. ``m n`` more per scale
+    (beta, alpha) not 1; with ``beta == 0`` ``self`` is ignored."""
     # the sum over the batch is part of the FMA chain: b*m*n dot products of length k, accumulated together
-    """The formula of ``aten.addbmm``: its FLOPs from the shapes of its arguments."""
     bat, m, k = a
     n = b[2]
     return 2 * bat * m * k * n + _scale_terms(m * n, beta, alpha)
@@ -79,35 +88,42 @@ def addbmm(bias, a, b, *_, beta=1, alpha=1, out_shape=None, **__):
 
 @register("aten.mv", family="matmul")
 def mv(a, v, *_, out_shape=None, **__):
-    """The formula of ``aten.mv``: its FLOPs from the shapes of its arguments."""
+    """``2 m k`` for ``(m, k) @ (k,)``."""
     m, k = a
     return 2 * m * k
 
 
 @register("aten.addmv", family="matmul")
 def addmv(bias, a, v, *_, beta=1, alpha=1, out_shape=None, **__):
-    """The formula of ``aten.addmv``: its FLOPs from the shapes of its arguments."""
+    """``2 m k`` for ``(m, k) @ (k,)``, plus ``m`` for ``self`` and ``m`` per scale (beta, alpha) not 1.
+
+    With ``beta == 0`` ``self`` is ignored: neither its add nor its scale is counted."""
     m, k = a
     return 2 * m * k + _scale_terms(m, beta, alpha)
 
 
 @register("aten.dot", "aten.vdot", family="matmul")
 def dot(a, b, *_, out_shape=None, **__):
-    """The formula of ``aten.dot``, ``aten.vdot``: its FLOPs from the shapes of its arguments."""
+    """``2 n`` for two vectors of ``n`` elements."""
     return 2 * numel(a)
 
 
 @register("aten.addr", family="matmul")
 def addr(bias, v1, v2, *_, beta=1, alpha=1, out_shape=None, **__):
+    """``m n`` for the outer product of ``(m,)`` and ``(n,)`` (one multiply per element), plus ``m n`` for ``self``.
+
+    ``m n`` more per scale (beta, alpha) not 1; with ``beta == 0`` ``self`` is ignored."""
     # an outer product is one multiply per output element (no accumulation)
-    """The formula of ``aten.addr``: its FLOPs from the shapes of its arguments."""
     mn = numel(v1) * numel(v2)
     return mn + _scale_terms(mn, beta, alpha)
 
 
 @register("aten._grouped_mm", family="matmul")
 def grouped_mm(a, b, offs=None, bias=None, out_dtype=None, *_, out_shape=None, **__):
-    """A mixture of experts' matrix products in one op (transformers' MoE layers): ``offs`` cuts one operand into
+    """``2 k`` per output element (``k = a.shape[-1]``; ``2 k / G`` for two 2-D operands in G groups), plus 1 with a
+    bias.
+
+    A mixture of experts' matrix products in one op (transformers' MoE layers): ``offs`` cuts one operand into
     groups, each multiplied by its own matrix. Every output element is a dot product of ``a``'s last dimension,
     except with two 2-D operands, where the groups cut that dimension (the contraction) itself: then each group's
     output sums its own slice, and all groups together sum the whole of it once per element of one group's
@@ -123,13 +139,15 @@ def grouped_mm(a, b, offs=None, bias=None, out_dtype=None, *_, out_shape=None, *
 
 @register("aten.outer", "aten.ger", family="matmul")
 def outer(v1, v2, *_, out_shape=None, **__):
-    """The formula of ``aten.ger``, ``aten.outer``: its FLOPs from the shapes of its arguments."""
+    """``m n`` for ``(m,)`` and ``(n,)``: one multiply per output element."""
     return numel(v1) * numel(v2)
 
 
 @register("aten._trilinear", family="matmul")
 def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1, *_, out_shape=None, **__):
-    """``(i1.unsqueeze(expand1) * i2.unsqueeze(expand2) * i3.unsqueeze(expand3)).sum(sumdim)`` (``nn.Bilinear``
+    """``O (2 N I J + 2 N J + N)`` for ``nn.Bilinear(I, J, O)`` on N samples, and by the same steps for its backward.
+
+    ``(i1.unsqueeze(expand1) * i2.unsqueeze(expand2) * i3.unsqueeze(expand3)).sum(sumdim)`` (``nn.Bilinear``
     and its backward), as PyTorch computes it: for each index k of ``unroll_dim``, a product of i1 and i2 summed
     over the dims i3 lacks, then a product with i3 summed over the rest, then an add into the output slice.
 

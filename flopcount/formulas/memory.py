@@ -87,39 +87,38 @@ register_zero(MEMORY, existing(*BOOLEAN_OPS), family="boolean")
 
 @register("aten.embedding", family="memory")
 def embedding(weight, indices, *_, out_shape=None, **__):
-    """The formula of ``aten.embedding``: its FLOPs from the shapes of its arguments."""
+    """0 FLOPs; moves ``2 n d + n`` elements: the n rows of width d it gathers, the n indices, the output."""
     out = first_shape(out_shape)
     return 0, numel(out) + numel(indices) + numel(out)  # rows read + indices read + output written
 
 
 @register("aten.embedding_dense_backward", family="memory")
 def embedding_dense_backward(grad_out, indices, *_, out_shape=None, **__):
-    """The formula of ``aten.embedding_dense_backward``: its FLOPs from the shapes of its arguments."""
+    """One add per ``grad_output`` element, into its token's row of the weight gradient."""
     return numel(grad_out)
 
 
 @register(*existing("index_put", "index_put_", "_index_put_impl", "_index_put_impl_"), family="memory")
 def index_put(x, indices, values, accumulate=False, *_, out_shape=None, **__):
-    """The formula of ``aten._index_put_impl``, ``aten._index_put_impl_``, ``aten.index_put``, ``aten.index_put_``: its
-    FLOPs from the shapes of its arguments."""
+    """One add per ``values`` element with ``accumulate=True``; 0 without (a write)."""
     return numel(values) if accumulate else 0
 
 
 @register(*existing("index_add", "index_add_"), family="memory")
 def index_add(x, dim, index, source, *_, alpha=1, out_shape=None, **__):
-    """The formula of ``aten.index_add``, ``aten.index_add_``: its FLOPs from the shapes of its arguments."""
+    """One add per ``source`` element, 2 where alpha is not 1."""
     return numel(source) * (1 + (alpha != 1))
 
 
 @register(*existing("scatter_add", "scatter_add_"), family="memory")
 def scatter_add(x, dim, index, src, *_, out_shape=None, **__):
-    """The formula of ``aten.scatter_add``, ``aten.scatter_add_``: its FLOPs from the shapes of its arguments."""
+    """One add per ``src`` element."""
     return numel(src)
 
 
 @register(*existing("scatter_reduce", "scatter_reduce_"), family="memory")
 def scatter_reduce(x, dim, index, src, reduce=None, *_, out_shape=None, **__):
-    """The formula of ``aten.scatter_reduce``, ``aten.scatter_reduce_``: its FLOPs from the shapes of its arguments."""
+    """One FLOP per ``src`` element, plus one divide per output element for ``reduce='mean'``."""
     flops = numel(src)
     if reduce == "mean":
         flops += numel(first_shape(out_shape))  # the final divide
@@ -128,7 +127,7 @@ def scatter_reduce(x, dim, index, src, reduce=None, *_, out_shape=None, **__):
 
 @register(*existing("scatter", "scatter_"), family="memory")
 def scatter(x, dim, index, src=None, *_, reduce=None, out_shape=None, **__):
-    """The formula of ``aten.scatter``, ``aten.scatter_``: its FLOPs from the shapes of its arguments."""
+    """0 (a write); with ``reduce=``, one add or multiply per ``index`` element."""
     if reduce is None:
         return 0
     return numel(index)  # one add or multiply per element scattered
@@ -136,7 +135,7 @@ def scatter(x, dim, index, src=None, *_, reduce=None, out_shape=None, **__):
 
 @register(*existing("col2im"), family="memory")
 def col2im(x, *_, out_shape=None, **__):
-    """The formula of ``aten.col2im``: its FLOPs from the shapes of its arguments."""
+    """One add per input element (the backward of ``unfold``)."""
     return numel(x)
 
 
@@ -151,8 +150,9 @@ def _bag(weight, indices, out_shape):
 @register(*existing("_embedding_bag", "_embedding_bag_forward_only"), family="memory")
 def embedding_bag(weight, indices, offsets=None, scale_grad_by_freq=False, mode=_BAG_SUM, sparse=False,
                   per_sample_weights=None, *_, out_shape=None, **__):
-    """The formula of ``aten._embedding_bag``, ``aten._embedding_bag_forward_only``: its FLOPs from the shapes of its
-    arguments."""
+    """``n D`` (``2 n D`` with ``per_sample_weights``), plus one divide per output element in mean mode.
+
+    n indices into a D-wide table. Sum adds each gathered row into its bag, max compares it: n D either way."""
     n, d, out = _bag(weight, indices, out_shape)
     flops = n * d * (1 + is_shape(per_sample_weights))
     if int(mode) == _BAG_MEAN:
@@ -172,19 +172,24 @@ def _bag_backward(grad, indices, mode, per_sample_weights) -> int:
 @register("aten._embedding_bag_backward", family="memory")
 def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
                            scale_grad_by_freq, mode, sparse, per_sample_weights=None, *_, out_shape=None, **__):
-    """The formula of ``aten._embedding_bag_backward``: its FLOPs from the shapes of its arguments."""
+    """Sum ``n D`` (``2 n D`` with ``per_sample_weights``), mean ``2 n D``, max one add per grad element.
+
+    n indices into a D-wide table: sum adds each bag's gradient into every row it gathered, mean divides it by the bag's
+    size first, max adds it into the one winning row."""
     return _bag_backward(grad, indices, mode, per_sample_weights)
 
 
 @register("aten._embedding_bag_dense_backward", family="memory")
 def embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
                                  scale_grad_by_freq, mode, per_sample_weights=None, *_, out_shape=None, **__):
-    """The formula of ``aten._embedding_bag_dense_backward``: its FLOPs from the shapes of its arguments."""
+    """Sum ``n D`` (``2 n D`` with ``per_sample_weights``), mean ``2 n D``, max one add per grad element.
+
+    n indices into a D-wide table: sum adds each bag's gradient into every row it gathered, mean divides it by the bag's
+    size first, max adds it into the one winning row."""
     return _bag_backward(grad, indices, mode, per_sample_weights)
 
 
 @register("aten._embedding_bag_per_sample_weights_backward", family="memory")
 def embedding_bag_per_sample_weights_backward(grad, weight, indices, *_, out_shape=None, **__):
-    """The formula of ``aten._embedding_bag_per_sample_weights_backward``: its FLOPs from the shapes of its
-    arguments."""
+    """``2 n D``: per index, the dot product of its bag's gradient with its D-wide row."""
     return 2 * numel(indices) * (int(weight[1]) if len(weight) > 1 else 1)

@@ -44,15 +44,16 @@ def _bn_forward(x, training: bool) -> int:
           "aten.miopen_batch_norm", family="norm")
 def batch_norm(x, weight=None, bias=None, running_mean=None, running_var=None, training=False, *_, out_shape=None,
                **__):
-    """The formula of ``aten._native_batch_norm_legit_functional``, ``aten.cudnn_batch_norm``,
-    ``aten.miopen_batch_norm``, ``aten.native_batch_norm``: its FLOPs from the shapes of its arguments."""
+    """Per input element: 5 in training (statistics 3, scale and shift 2), 2 in eval."""
     return _bn_forward(x, bool(training))
 
 
 @register("aten._native_batch_norm_legit", family="norm")
 def batch_norm_legit(x, weight, bias, *args, out_shape=None, **kwargs):
+    """Per input element: 5 in training (statistics 3, scale and shift 2), 2 in eval.
+
+    Both overloads: with running statistics and ``.no_stats``."""
     # two overloads: (..., running_mean, running_var, training, ...) and .no_stats (..., training, ...)
-    """The formula of ``aten._native_batch_norm_legit``: its FLOPs from the shapes of its arguments."""
     if args and isinstance(args[0], bool):
         training = args[0]
     elif len(args) > 2:
@@ -64,7 +65,7 @@ def batch_norm_legit(x, weight, bias, *args, out_shape=None, **kwargs):
 
 @register("aten._native_batch_norm_legit_no_training", family="norm")
 def batch_norm_no_training(x, *_, out_shape=None, **__):
-    """The formula of ``aten._native_batch_norm_legit_no_training``: its FLOPs from the shapes of its arguments."""
+    """2 per input element: the scale and shift with the running statistics (eval)."""
     return _bn_forward(x, False)
 
 
@@ -82,35 +83,39 @@ def _bn_backward(x, train: bool, mask) -> int:
 @register("aten.native_batch_norm_backward", family="norm")
 def batch_norm_backward(grad_out, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps,
                         output_mask, *_, out_shape=None, **__):
-    """The formula of ``aten.native_batch_norm_backward``: its FLOPs from the shapes of its arguments."""
+    """Per element, by ``output_mask``: training 7 with input (else weight 2, bias 1); eval input 1, weight 2, bias 1.
+    """
     return _bn_backward(x, bool(train), output_mask)
 
 
 @register("aten.batch_norm_backward", family="norm")
 def batch_norm_backward_generic(grad_out, x, weight, running_mean, running_var, save_mean, save_var, update, eps,
                                 output_mask, *_, out_shape=None, **__):
-    """The formula of ``aten.batch_norm_backward``: its FLOPs from the shapes of its arguments."""
+    """Per element, by ``output_mask``: training 7 with input (else weight 2, bias 1); eval input 1, weight 2, bias 1.
+
+    ``update`` says whether it is the training backward."""
     return _bn_backward(x, bool(update), output_mask)
 
 
 @register("aten.cudnn_batch_norm_backward", "aten.miopen_batch_norm_backward", family="norm")
 def cudnn_batch_norm_backward(x, grad_out, *_, out_shape=None, **__):
+    """7 per input element: the training backward with all three gradients (cuDNN always returns them)."""
     # cuDNN's backward is the training one and always returns all three gradients
-    """The formula of ``aten.cudnn_batch_norm_backward``, ``aten.miopen_batch_norm_backward``: its FLOPs from the shapes
-    of its arguments."""
     return _bn_backward(x, True, (True, True, True))
 
 
 @register("aten.native_layer_norm", family="norm")
 def layer_norm(x, normalized_shape, weight=None, bias=None, *_, out_shape=None, **__):
-    """The formula of ``aten.native_layer_norm``: its FLOPs from the shapes of its arguments."""
+    """Per input element: 5 (statistics 3, normalise 2), plus 1 with a weight and 1 with a bias."""
     return numel(x) * (STATS + 2 + is_shape(weight) + is_shape(bias))
 
 
 @register("aten.native_layer_norm_backward", family="norm")
 def layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight, bias, output_mask, *_, out_shape=None,
                         **__):
-    """The formula of ``aten.native_layer_norm_backward``: its FLOPs from the shapes of its arguments."""
+    """Per input element, by ``output_mask``: xhat 2 (if input or weight), input 7 (+1 with a weight), weight 2, bias 1.
+
+    With a weight and all three gradients: 13."""
     per = 0
     if output_mask[0] or output_mask[1]:
         per += 2  # xhat
@@ -125,25 +130,25 @@ def layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight, bias,
 
 @register("aten.native_group_norm", family="norm")
 def group_norm(x, *_, out_shape=None, **__):
-    """The formula of ``aten.native_group_norm``: its FLOPs from the shapes of its arguments."""
+    """5 per input element: statistics 3, scale and shift 2."""
     return numel(x) * (STATS + FMA)
 
 
 @register("aten.native_group_norm_backward", family="norm")
 def group_norm_backward(grad_out, x, mean, rstd, weight, N, C, HxW, group, output_mask, *_, out_shape=None, **__):
-    """The formula of ``aten.native_group_norm_backward``: its FLOPs from the shapes of its arguments."""
+    """Per element, by ``output_mask``: 7 with grad_input, else weight 2 and bias 1 (batch norm's training rule)."""
     return _bn_backward(x, True, output_mask)
 
 
 @register("aten._fused_rms_norm", family="norm")
 def rms_norm(x, normalized_shape, weight=None, *_, out_shape=None, **__):
-    """The formula of ``aten._fused_rms_norm``: its FLOPs from the shapes of its arguments."""
+    """Per input element: 3 (sum of squares 2, ``x * rstd`` 1), plus 1 with a weight."""
     return numel(x) * (3 + is_shape(weight))
 
 
 @register("aten._fused_rms_norm_backward", family="norm")
 def rms_norm_backward(grad_out, x, normalized_shape, rstd, weight, output_mask, *_, out_shape=None, **__):
-    """The formula of ``aten._fused_rms_norm_backward``: its FLOPs from the shapes of its arguments."""
+    """Per input element, by ``output_mask``: grad_input 5 (+1 with a weight), grad_weight 3."""
     per = 0
     if output_mask[0]:
         per += is_shape(weight) + 2 + 3

@@ -206,19 +206,19 @@ def _adam_cost(kwargs, decoupled: bool) -> int:
 
 @register("aten._fused_adam", "aten._fused_adam_", family="pointwise")
 def fused_adam(*args, out_shape=None, **kwargs):
-    """The formula of ``aten._fused_adam``, ``aten._fused_adam_``: its FLOPs from the shapes of its arguments."""
+    """13 per parameter element, +2 with weight decay, +1 each for amsgrad, maximize and a grad scale."""
     return foreach_numel(args[:1]) * _adam_cost(kwargs, decoupled=False)
 
 
 @register("aten._fused_adamw", "aten._fused_adamw_", family="pointwise")
 def fused_adamw(*args, out_shape=None, **kwargs):
-    """The formula of ``aten._fused_adamw``, ``aten._fused_adamw_``: its FLOPs from the shapes of its arguments."""
+    """13 per parameter element, +1 with weight decay (decoupled), +1 each for amsgrad, maximize and a grad scale."""
     return foreach_numel(args[:1]) * _adam_cost(kwargs, decoupled=True)
 
 
 @register("aten._fused_sgd", "aten._fused_sgd_", family="pointwise")
 def fused_sgd(*args, out_shape=None, **kwargs):
-    """The formula of ``aten._fused_sgd``, ``aten._fused_sgd_``: its FLOPs from the shapes of its arguments."""
+    """2 per parameter element, +2 weight decay, +3 momentum (after step 1), +2 Nesterov, +1 maximize, +1 grad scale."""
     cost = 2  # p -= lr * g
     if kwargs.get("weight_decay", 0):
         cost += 2  # g += wd * p
@@ -235,14 +235,14 @@ def fused_sgd(*args, out_shape=None, **kwargs):
 
 @register("aten.glu_backward", family="pointwise")
 def glu_backward(grad_out, *_, out_shape=None, **__):
+    """9 per grad_output element: ``sigmoid(b)`` 4, the gradient of a 1, of b 4."""
     # per grad_output element: s = sigmoid(b) (4), da = s * g (1), db = (1 - s) * s * a * g (4)
-    """The formula of ``aten.glu_backward``: its FLOPs from the shapes of its arguments."""
     return 9 * numel(grad_out)
 
 
 @register("aten.log_sigmoid_backward", family="pointwise")
 def log_sigmoid_backward(grad_out, x, buffer, *_, out_shape=None, **__):
+    """6 per grad_output element, 9 where the forward kept no buffer (CUDA recomputes ``exp(-abs(x))``)."""
     # g * (max_deriv - sign * z / (1 + z)), z = exp(-|x|): the sign test, add, divide, multiply, subtract and the
     # multiply by g (6); where the forward kept no buffer (CUDA), z is recomputed: abs, negate, exp (3)
-    """The formula of ``aten.log_sigmoid_backward``: its FLOPs from the shapes of its arguments."""
     return numel(grad_out) * (6 + (3 if numel(buffer) == 0 else 0))

@@ -38,13 +38,18 @@ def _weights(w_ih, w_hh, b_ih, b_hh, hidden_size, mode, has_biases):
 @register("aten.mkldnn_rnn_layer", family="recurrent")
 def mkldnn_rnn_layer(x, w_ih, w_hh, b_ih, b_hh, hx, cx, reverse, batch_sizes, mode, hidden_size, num_layers,
                      has_biases, *_, out_shape=None, **__):
-    """The formula of ``aten.mkldnn_rnn_layer``: its FLOPs from the shapes of its arguments."""
+    """``8 H (I + H) + 30 H`` per token for an LSTM layer of H units over I inputs (``22 H`` without biases).
+
+    Projections ``8 H (I + H)``, their sum ``4 H``, biases ``8 H``, the cell ``18 H``."""
     return rnn_forward_flops(x, _weights(w_ih, w_hh, b_ih, b_hh, hidden_size, mode, has_biases))
 
 
 @register("aten.mkldnn_rnn_layer_backward", family="recurrent")
 def mkldnn_rnn_layer_backward(x, w_ih, w_hh, b_ih, b_hh, hx, cx, output, hy, cy, grad_output, grad_hy, grad_cy,
                               reverse, mode, hidden_size, num_layers, has_biases, *_, out_shape=None, **__):
-    """The formula of ``aten.mkldnn_rnn_layer_backward``: its FLOPs from the shapes of its arguments."""
+    """``16 H (I + H) + 48 H`` per token for an LSTM layer (``40 H`` without biases): every gradient.
+
+    oneDNN has no output mask: data and weight gradients ``16 H (I + H)``, the gates' sum ``4 H``, bias gradients
+    ``8 H``, twice the cell ``36 H``."""
     weights = _weights(w_ih, w_hh, b_ih, b_hh, hidden_size, mode, has_biases)
     return rnn_backward_flops(x, weights, [True, True, True, True])

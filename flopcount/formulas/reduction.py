@@ -55,13 +55,13 @@ register("aten.sum", "aten.nansum", "aten.mean", "aten.nanmean", "aten.amax", "a
 
 @register("aten.histc", family="reduction")
 def histc(x, bins=100, min=0, max=0, *_, out_shape=None, **__):
-    """The formula of ``aten.histc``: its FLOPs from the shapes of its arguments."""
+    """3 per input element (its bin), plus 2 for the data's min and max when no range is given (``min == max``)."""
     return numel(x) * (3 + (2 if min == max else 0))
 
 
 @register("aten.max", "aten.min", family="reduction")
 def max_min(x, *args, out_shape=None, **__):
-    """The formula of ``aten.max``, ``aten.min``: its FLOPs from the shapes of its arguments."""
+    """One comparison per input element (``max.other``, ``min.other``: one per output element)."""
     if args and is_shape(args[0]):  # max.other / min.other: elementwise, one comparison per output element
         return numel(first_shape(out_shape))
     return numel(x)
@@ -69,31 +69,31 @@ def max_min(x, *args, out_shape=None, **__):
 
 @register("aten.var", "aten.var_mean", family="reduction")
 def var(x, *_, out_shape=None, **__):
-    """The formula of ``aten.var``, ``aten.var_mean``: its FLOPs from the shapes of its arguments."""
+    """3 per input element: the sums of x (1) and of ``x * x`` (2)."""
     return 3 * numel(x)
 
 
 @register("aten.std", "aten.std_mean", family="reduction")
 def std(x, *_, out_shape=None, **__):
-    """The formula of ``aten.std``, ``aten.std_mean``: its FLOPs from the shapes of its arguments."""
+    """3 per input element (the sums of x and ``x * x``), plus one sqrt per output element."""
     return 3 * numel(x) + numel(first_shape(out_shape))
 
 
 @register("aten.linalg_vector_norm", "aten.norm", family="reduction")
 def vector_norm(x, *_, out_shape=None, **__):
-    """The formula of ``aten.linalg_vector_norm``, ``aten.norm``: its FLOPs from the shapes of its arguments."""
+    """2 per input element: square (or abs) and accumulate; the root, per output, is not counted."""
     return 2 * numel(x)
 
 
 @register("aten._foreach_norm", family="reduction")
 def foreach_norm(*args, out_shape=None, **__):
-    """The formula of ``aten._foreach_norm``: its FLOPs from the shapes of its arguments."""
+    """2 per element of its tensor list: square (or abs) and accumulate."""
     return 2 * foreach_numel(args)
 
 
 @register("aten.logsumexp", family="reduction")
 def logsumexp(x, *_, out_shape=None, **__):
-    """The formula of ``aten.logsumexp``: its FLOPs from the shapes of its arguments."""
+    """4 per input element (max, subtract, exp, add), plus one log per output element."""
     return 4 * numel(x) + numel(first_shape(out_shape))
 
 
@@ -101,22 +101,20 @@ def logsumexp(x, *_, out_shape=None, **__):
 
 @register("aten._softmax", "aten._safe_softmax", "aten.softmax", family="softmax")
 def softmax(x, *_, out_shape=None, **__):
-    """The formula of ``aten._safe_softmax``, ``aten._softmax``, ``aten.softmax``: its FLOPs from the shapes of its
-    arguments."""
+    """5 per input element: max, subtract, exp, sum, divide."""
     return SOFTMAX * numel(x)
 
 
 @register("aten._log_softmax", "aten.log_softmax", family="softmax")
 def log_softmax(x, dim, *_, out_shape=None, **__):
-    """The formula of ``aten._log_softmax``, ``aten.log_softmax``: its FLOPs from the shapes of its arguments."""
+    """5 per input element (max, subtract, exp, sum, subtract), plus one log per row along ``dim``."""
     rows = numel(x) // int(x[dim]) if len(x) and x[dim] else 1
     return SOFTMAX * numel(x) + rows
 
 
 @register("aten._softmax_backward_data", "aten._log_softmax_backward_data", family="softmax")
 def softmax_backward(grad_out, *_, out_shape=None, **__):
-    """The formula of ``aten._log_softmax_backward_data``, ``aten._softmax_backward_data``: its FLOPs from the shapes of
-    its arguments."""
+    """4 per grad_output element: ``y * (g - sum(g * y))`` or ``g - exp(y) * sum(g)``."""
     return SOFTMAX_BACKWARD * numel(grad_out)
 
 
@@ -124,8 +122,7 @@ def softmax_backward(grad_out, *_, out_shape=None, **__):
 
 @register("aten.nll_loss_forward", "aten.nll_loss2d_forward", "aten.nll_loss", "aten.nll_loss2d", family="loss")
 def nll_loss(x, target, weight=None, reduction=MEAN, *_, out_shape=None, **__):
-    """The formula of ``aten.nll_loss``, ``aten.nll_loss2d``, ``aten.nll_loss2d_forward``, ``aten.nll_loss_forward``:
-    its FLOPs from the shapes of its arguments."""
+    """Per target: 1 (the negation), +1 with a class weight, +1 to reduce, +1 more for a weighted mean."""
     n = numel(target)
     per = 1 + is_shape(weight)
     if reduction != NONE:
@@ -137,8 +134,7 @@ def nll_loss(x, target, weight=None, reduction=MEAN, *_, out_shape=None, **__):
 
 @register("aten.nll_loss_backward", "aten.nll_loss2d_backward", family="loss")
 def nll_loss_backward(grad_out, x, target, weight=None, reduction=MEAN, *_, out_shape=None, **__):
-    """The formula of ``aten.nll_loss2d_backward``, ``aten.nll_loss_backward``: its FLOPs from the shapes of its
-    arguments."""
+    """Per target: 1 (writing ``-g``), +1 for a mean, +1 with a class weight."""
     return numel(target) * (1 + (reduction == MEAN) + is_shape(weight))
 
 
@@ -148,48 +144,47 @@ def _reduce(reduction) -> int:
 
 @register("aten.mse_loss", family="loss")
 def mse_loss(x, target, reduction=MEAN, *_, out_shape=None, **__):
-    """The formula of ``aten.mse_loss``: its FLOPs from the shapes of its arguments."""
+    """Per element: 2 (subtract, square), +1 to reduce."""
     return numel(x) * (2 + _reduce(reduction))
 
 
 @register("aten.mse_loss_backward", family="loss")
 def mse_loss_backward(grad_out, x, target, reduction=MEAN, *_, out_shape=None, **__):
-    """The formula of ``aten.mse_loss_backward``: its FLOPs from the shapes of its arguments."""
+    """Per element: 3 (``2 (x - t) g``), +1 for a mean."""
     return numel(x) * (3 + (reduction == MEAN))
 
 
 @register("aten.l1_loss", family="loss")
 def l1_loss(x, target, reduction=MEAN, *_, out_shape=None, **__):
-    """The formula of ``aten.l1_loss``: its FLOPs from the shapes of its arguments."""
+    """Per element: 2 (subtract, abs), +1 to reduce."""
     return numel(x) * (2 + _reduce(reduction))
 
 
 @register("aten.smooth_l1_loss", "aten.huber_loss", family="loss")
 def smooth_l1_loss(x, target, reduction=MEAN, *_, out_shape=None, **__):
-    """The formula of ``aten.huber_loss``, ``aten.smooth_l1_loss``: its FLOPs from the shapes of its arguments."""
+    """Per element: 5 (subtract, abs, compare, then square and scale or subtract), +1 to reduce."""
     return numel(x) * (5 + _reduce(reduction))
 
 
 @register("aten.smooth_l1_loss_backward", "aten.huber_loss_backward", family="loss")
 def smooth_l1_loss_backward(grad_out, x, target, reduction=MEAN, *_, out_shape=None, **__):
-    """The formula of ``aten.huber_loss_backward``, ``aten.smooth_l1_loss_backward``: its FLOPs from the shapes of its
-    arguments."""
+    """Per element: 4, +1 for a mean."""
     return numel(x) * (4 + (reduction == MEAN))
 
 
 @register("aten.binary_cross_entropy", family="loss")
 def binary_cross_entropy(x, target, weight=None, reduction=MEAN, *_, out_shape=None, **__):
-    """The formula of ``aten.binary_cross_entropy``: its FLOPs from the shapes of its arguments."""
+    """Per element: 7 (``-(t log x + (1 - t) log(1 - x))``), +1 with a weight, +1 to reduce."""
     return numel(x) * (7 + is_shape(weight) + _reduce(reduction))
 
 
 @register("aten.binary_cross_entropy_backward", family="loss")
 def binary_cross_entropy_backward(grad_out, x, target, weight=None, reduction=MEAN, *_, out_shape=None, **__):
-    """The formula of ``aten.binary_cross_entropy_backward``: its FLOPs from the shapes of its arguments."""
+    """Per element: 5 (``g (x - t) / (x (1 - x))``), +1 with a weight, +1 for a mean."""
     return numel(x) * (5 + is_shape(weight) + (reduction == MEAN))
 
 
 @register("aten.binary_cross_entropy_with_logits", family="loss")
 def bce_with_logits(x, target, weight=None, pos_weight=None, reduction=MEAN, *_, out_shape=None, **__):
-    """The formula of ``aten.binary_cross_entropy_with_logits``: its FLOPs from the shapes of its arguments."""
+    """Per element: 6 (``(1 - t) x + log(1 + exp(-x))``), +1 with a weight, +2 with ``pos_weight``, +1 to reduce."""
     return numel(x) * (6 + is_shape(weight) + 2 * is_shape(pos_weight) + _reduce(reduction))

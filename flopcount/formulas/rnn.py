@@ -73,14 +73,18 @@ def rnn_backward_flops(x, weights, output_mask=None) -> int:
 
 @register("aten._cudnn_rnn", "aten.miopen_rnn", family="rnn")
 def cudnn_rnn(x, weights, *_, out_shape=None, **__):
-    """The formula of ``aten._cudnn_rnn``, ``aten.miopen_rnn``: its FLOPs from the shapes of its arguments."""
+    """``2 G H (I + H) + G H`` (+ ``2 G H`` biases) + the cell (LSTM 18 H, GRU 15 H, RNN H), per token and layer.
+
+    G gates (LSTM 4, GRU 3, RNN 1), H hidden units, I the layer's inputs; per direction of a bidirectional layer."""
     return rnn_forward_flops(x, weights)
 
 
 @register("aten._cudnn_rnn_backward", "aten.miopen_rnn_backward", family="rnn")
 def cudnn_rnn_backward(x, weights, *args, out_shape=None, output_mask=None, **__):
-    """The formula of ``aten._cudnn_rnn_backward``, ``aten.miopen_rnn_backward``: its FLOPs from the shapes of its
-    arguments."""
+    """Data ``2 G H (I + H) + G H`` + twice the cell; weights (if asked) ``2 G H (I + H)`` (+ ``2 G H`` biases).
+
+    Per token and layer (and direction), notation as ``cudnn_rnn``. The data gradients are always counted; the weight
+    gradients (and the biases', where there are) when ``output_mask[3]`` asks, or when the mask is unknown."""
     if output_mask is None and args and isinstance(args[-1], (list, tuple)) and all(isinstance(m, bool) for m in args[-1]):
         output_mask = args[-1]
     return rnn_backward_flops(x, weights, output_mask)
@@ -88,7 +92,5 @@ def cudnn_rnn_backward(x, weights, *args, out_shape=None, output_mask=None, **__
 
 @register("aten._amp_foreach_non_finite_check_and_unscale_", family="pointwise")
 def amp_unscale(grads, *_, out_shape=None, **__):
-    # per element: the finiteness check and the multiply by the inverse scale
-    """The formula of ``aten._amp_foreach_non_finite_check_and_unscale_``: its FLOPs from the shapes of its
-    arguments."""
+    """2 per gradient element: the finiteness check and the multiply by the inverse scale."""
     return 2 * sum(numel(g) for g in grads)

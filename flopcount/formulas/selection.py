@@ -50,7 +50,7 @@ def _slices(shape, dim: int):
 
 @register("aten.sort", family="selection")
 def sort(x, *args, out_shape=None, dim=-1, **__):
-    """The formula of ``aten.sort``: its FLOPs from the shapes of its arguments."""
+    """``n ceil(log2 n)`` comparisons per slice of n along ``dim``."""
     if args and isinstance(args[0], int) and not isinstance(args[0], bool):
         dim = args[0]
     slices, n = _slices(x, dim)
@@ -59,7 +59,7 @@ def sort(x, *args, out_shape=None, dim=-1, **__):
 
 @register("aten.topk", family="selection")
 def topk(x, k, dim=-1, largest=True, sorted=True, *_, out_shape=None, **__):
-    """The formula of ``aten.topk``: its FLOPs from the shapes of its arguments."""
+    """``n`` per slice of n along ``dim``, plus ``k ceil(log2 k)`` when ``sorted``."""
     slices, n = _slices(x, dim)
     return slices * (n + (sort_comparisons(int(k)) if sorted else 0))
 
@@ -99,7 +99,9 @@ def visited_pairs(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: floa
 
 @register("torchvision.nms", family="selection", values=True)
 def nms(boxes, scores, iou_threshold, *_, out_shape=None, **__):
-    """The formula of ``torchvision.nms``: its FLOPs from the shapes of its arguments."""
+    """``K ceil(log2 K)`` (the sort) + ``3 K`` (the areas) + 13 per pair of boxes compared, for K boxes.
+
+    The pairs compared are counted by replaying the suppression on the boxes' values."""
     k = int(shape_of(boxes)[0])
     pairs = visited_pairs(_real(boxes), _real(scores), float(iou_threshold))
     return sort_comparisons(k) + BOX_AREA * k + IOU_PAIR * pairs
@@ -112,20 +114,20 @@ def _adjacent(n: int) -> int:
 
 @register(*existing("_unique", "_unique2"), family="selection")
 def unique(x, *_, out_shape=None, **__):
-    """The formula of ``aten._unique``, ``aten._unique2``: its FLOPs from the shapes of its arguments."""
+    """``n ceil(log2 n) + n - 1`` for n elements: a sort and a comparison of each with its neighbour."""
     n = numel(x)
     return sort_comparisons(n) + _adjacent(n)
 
 
 @register(*existing("unique_consecutive"), family="selection")
 def unique_consecutive(x, *_, out_shape=None, **__):
-    """The formula of ``aten.unique_consecutive``: its FLOPs from the shapes of its arguments."""
+    """``n - 1`` for n elements: each compared with its neighbour."""
     return _adjacent(numel(x))
 
 
 @register(*existing("unique_dim"), family="selection")
 def unique_dim(x, dim, *_, out_shape=None, **__):
-    """The formula of ``aten.unique_dim``: its FLOPs from the shapes of its arguments."""
+    """``r (m ceil(log2 m) + m - 1)`` for m slices of r elements along ``dim``: rows sorted and compared."""
     rows = int(x[dim]) if len(x) else 1
     width = numel(x) // rows if rows else 0
     return width * (sort_comparisons(rows) + _adjacent(rows))
