@@ -162,7 +162,16 @@ def main(argv=None) -> int:
 SOURCES = {
     "matrix_efficiency": "fitted: share of the matrix peak (the precision's column of data/peaks.csv) that a tiled "
                          "GEMM reaches per SM, on the NVIDIA profiles below",
-    "fma_efficiency": "fitted: the same share for a product on the FMA units (fp32 without TF32: sgemm kernels)",
+    "fma_efficiency": "fitted: the same share for a product on the FMA units (fp32 without TF32: sgemm kernels); it "
+                      "sits at its bound, 1.0: the sgemm calls of these profiles are small, set by the setup time, "
+                      "or memory-bound, so the share itself is barely determined",
+    "unaligned_efficiency": "fitted: the tensor-core share of a product whose m, n or k is not a multiple of 16 "
+                            "bytes' worth of elements (the libraries then run kernels that load one element at a "
+                            "time, CUTLASS's align1)",
+    "matrix_setup_s": "fitted: a product kernel's fixed time, once per product (filling its load pipeline, draining "
+                      "its epilogue, a split of K's reduction)",
+    "broadcast_efficiency": "fitted: the bandwidth share of an elementwise kernel whose inputs differ in shape (no "
+                            "vector loads); a profile's calls show it, a prediction from a model takes the plain share",
     "k_overhead": "fitted: each output tile's fixed cost in steps of its K loop",
     "bandwidth_efficiency": "fitted: share of the datasheet bandwidth a large transfer reaches",
     "bandwidth_half_bytes": "fitted: the transfer size reaching half of that (bytes in flight over the latency)",

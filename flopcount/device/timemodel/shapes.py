@@ -26,9 +26,16 @@ def _dims(x) -> Optional[List[int]]:
     return list(x) if isinstance(x, (list, tuple)) and all(isinstance(d, int) for d in x) else None
 
 
-def gemms(op: str, sizes: Sequence, flops: Optional[float] = None) -> Optional[List[Gemm]]:
-    """The products of one call of ``op`` (an aten packet name) with input ``sizes``; None where the op is not a
-    product this knows the shape of (its FLOPs then take the plain rate)."""
+def gemms(op: str, sizes: Sequence, flops: Optional[float] = None, element_bytes: int = 4) -> Optional[List[Gemm]]:
+    """The products of one call of ``op`` (an aten packet name) with input ``sizes`` of ``element_bytes`` each;
+    None where the op is not a product this knows the shape of (its FLOPs then take the plain rate)."""
+    found = _gemms(op, sizes, flops)
+    if found is None or element_bytes == 4:
+        return found
+    return [Gemm(g.m, g.n, g.k, g.batch, element_bytes) for g in found]
+
+
+def _gemms(op: str, sizes: Sequence, flops: Optional[float]) -> Optional[List[Gemm]]:
     s = [_dims(x) for x in sizes]
     name = op.split(".")[-1] if op.startswith("aten.") else op
     try:
