@@ -95,12 +95,15 @@ def holdout(profiles) -> str:
     lines = ["leave one out (fitted without the profile judged):"]
     for name, kind, calls, spec, why in nvidia:
         params = as_json(fit([(c, s) for n, _, c, s, _ in nvidia if n != name]))
+        lines.append(f"  fitted without {name}: " + ", ".join(
+            f"{k} {v * 1e6:.1f} us" if k.endswith("_s") else f"{k} {v:.3g}" for k, v in params.items()))
         r = measure([(name, kind, calls, spec, why)], {"nvidia": params})[name]
         d, c = r["by_op"], r["by_call"]
         lines.append(f"  {name}: sum {pct(d['model']['sum_error'])} (roofline {pct(d['roofline']['sum_error'])}), "
                      f"median per op {ape(d['model']['median_error'])} "
                      f"(roofline {ape(d['roofline']['median_error'])}), "
                      f"median per call {ape(c['model']['median_error'])}")
+        lines.extend("    " + row for row in report({name: r}).splitlines()[2:])  # per family, left out
     return "\n".join(lines)
 
 

@@ -210,6 +210,10 @@ def test_unaligned_operands_and_the_setup_of_a_product_kernel():
     # fp32: rows start on 16 bytes when m, n and k are multiples of 4 elements; bf16: of 8
     assert Gemm(128, 128, 4096).aligned and not Gemm(128, 125, 4096).aligned
     assert not Gemm(128, 4, 4096, element_bytes=2).aligned and Gemm(128, 8, 4096, element_bytes=2).aligned
+    # attention's m and k count queries and keys (one query in a decode step): only the head size is a row length
+    assert Gemm(1, 128, 2177, 32, element_bytes=2, rows="n").aligned and not Gemm(1, 128, 2177, 32, 2).aligned
+    # a convolution's implicit GEMM: m counts output pixels (7 x 7), k = 3 input channels x 7 x 7 is a row length
+    assert Gemm(49, 64, 576, rows="nk").aligned and not Gemm(12544, 64, 3 * 7 * 7, rows="nk").aligned
     one_tile = 2 * 128 * 128 * 4096  # FLOPs of one 128x128 tile over K = 4096
     # 100 tiles, one wave: the setup once, then one tile at half the per-SM peak (aligned) or a quarter (not)
     aligned = tiling(Gemm(128 * 100, 128, 4096), sms, peak, p, tiles=SQUARE)

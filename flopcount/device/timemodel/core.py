@@ -67,14 +67,18 @@ class Gemm:
     k: int
     batch: int = 1
     element_bytes: int = 4  # of its operands: what decides whether their rows are 16-byte aligned
+    rows: str = "mnk"  # which of m, n, k are an operand's row length somewhere (the others count positions)
 
     @property
     def aligned(self) -> bool:
-        """Whether every operand's rows start on 16 bytes (``m``, ``n`` and ``k`` multiples of 16 bytes' worth of
+        """Whether every operand's rows start on 16 bytes (each of ``rows`` a multiple of 16 bytes' worth of
         elements), so that the tensor-core kernels load 16 bytes at a time; otherwise the libraries fall back to
-        kernels that load one element at a time (CUTLASS's ``align1``), which reach a smaller share of the peak."""
+        kernels that load one element at a time (CUTLASS's ``align1``), which reach a smaller share of the peak. A
+        plain or transposed product may hold any of ``m``, ``n``, ``k`` as a row; a convolution's implicit GEMM
+        only ``n`` (output channels) and ``k`` (input channels x kernel), its ``m`` counting output pixels; an
+        attention kernel only the head size ``n``, its ``m`` and ``k`` counting queries and keys."""
         step = max(1, 16 // max(int(self.element_bytes), 1))
-        return self.m % step == 0 and self.n % step == 0 and self.k % step == 0
+        return all(getattr(self, d) % step == 0 for d in self.rows)
 
     @property
     def flops(self) -> int:
