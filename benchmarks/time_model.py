@@ -95,12 +95,15 @@ def holdout(profiles) -> str:
     lines = ["leave one out (fitted without the profile judged):"]
     for name, kind, calls, spec, why in nvidia:
         params = as_json(fit([(c, s) for n, _, c, s, _ in nvidia if n != name]))
+        lines.append(f"  fitted without {name}: " + ", ".join(
+            f"{k} {v * 1e6:.1f} us" if k.endswith("_s") else f"{k} {v:.3g}" for k, v in params.items()))
         r = measure([(name, kind, calls, spec, why)], {"nvidia": params})[name]
         d, c = r["by_op"], r["by_call"]
         lines.append(f"  {name}: sum {pct(d['model']['sum_error'])} (roofline {pct(d['roofline']['sum_error'])}), "
                      f"median per op {ape(d['model']['median_error'])} "
                      f"(roofline {ape(d['roofline']['median_error'])}), "
                      f"median per call {ape(c['model']['median_error'])}")
+        lines.extend("    " + row for row in report({name: r}).splitlines()[2:])  # per family, left out
     return "\n".join(lines)
 
 
@@ -162,7 +165,16 @@ def main(argv=None) -> int:
 SOURCES = {
     "matrix_efficiency": "fitted: share of the matrix peak (the precision's column of data/peaks.csv) that a tiled "
                          "GEMM reaches per SM, on the NVIDIA profiles below",
-    "fma_efficiency": "fitted: the same share for a product on the FMA units (fp32 without TF32: sgemm kernels)",
+    "fma_efficiency": "fitted: the same share for a product on the FMA units (fp32 without TF32: sgemm kernels); it "
+                      "sits at its bound, 1.0: the sgemm calls of these profiles are small, set by the setup time, "
+                      "or memory-bound, so the share itself is barely determined",
+    "unaligned_efficiency": "fitted: the tensor-core share of a product whose m, n or k is not a multiple of 16 "
+                            "bytes' worth of elements (the libraries then run kernels that load one element at a "
+                            "time, CUTLASS's align1)",
+    "matrix_setup_s": "fitted: a product kernel's fixed time, once per product (filling its load pipeline, draining "
+                      "its epilogue, a split of K's reduction)",
+    "broadcast_efficiency": "fitted: the bandwidth share of an elementwise kernel whose inputs differ in shape (no "
+                            "vector loads); a profile's calls show it, a prediction from a model takes the plain share",
     "k_overhead": "fitted: each output tile's fixed cost in steps of its K loop",
     "bandwidth_efficiency": "fitted: share of the datasheet bandwidth a large transfer reaches",
     "bandwidth_half_bytes": "fitted: the transfer size reaching half of that (bytes in flight over the latency)",

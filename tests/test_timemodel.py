@@ -135,6 +135,9 @@ def test_readme_parameter_table_is_the_fitted_one():
     for line, values in (("| matrix_efficiency |", [f"{nv['matrix_efficiency']:.3f}"]),
                          ("| fma_efficiency |", [f"{nv['fma_efficiency']:.3f}"]),
                          ("| k_overhead |", [f"{nv['k_overhead']:.1f}"]),
+                         ("| unaligned_efficiency |", [f"{nv['unaligned_efficiency']:.3f}"]),
+                         ("| matrix_setup_s |", [us(nv["matrix_setup_s"])]),
+                         ("| broadcast_efficiency |", [f"{nv['broadcast_efficiency']:.3f}"]),
                          ("| kernel_floor_s, reduction_floor_s |",
                           [us(nv["kernel_floor_s"]), us(nv["reduction_floor_s"]), us(amd["kernel_floor_s"]),
                            us(amd["reduction_floor_s"])]),
@@ -199,3 +202,61 @@ def test_bytes_of_a_profiled_call():
     mm = json.dumps([[[64, 128], [128, 32]], ["float", "float"], [None, None]])
     nbytes, _, gemms = call_facts("aten.mm", mm, 2 * 64 * 128 * 32, "kineto")
     assert gemms == [Gemm(64, 32, 128)] and nbytes == (64 * 128 + 128 * 32 + 64 * 32) * 4
+
+
+def test_unaligned_operands_and_the_setup_of_a_product_kernel():
+    sms, peak = 100, 100e12
+    p = Params(**{**vars(P), "unaligned_efficiency": 0.25, "matrix_setup_s": 10e-6})
+    # fp32: rows start on 16 bytes when m, n and k are multiples of 4 elements; bf16: of 8
+    assert Gemm(128, 128, 4096).aligned and not Gemm(128, 125, 4096).aligned
+    assert not Gemm(128, 4, 4096, element_bytes=2).aligned and Gemm(128, 8, 4096, element_bytes=2).aligned
+    # attention's m and k count queries and keys (one query in a decode step): only the head size is a row length
+    assert Gemm(1, 128, 2177, 32, element_bytes=2, rows="n").aligned and not Gemm(1, 128, 2177, 32, 2).aligned
+    # a convolution's implicit GEMM: m counts output pixels (7 x 7), k = 3 input channels x 7 x 7 is a row length
+    assert Gemm(49, 64, 576, rows="nk").aligned and not Gemm(12544, 64, 3 * 7 * 7, rows="nk").aligned
+    one_tile = 2 * 128 * 128 * 4096  # FLOPs of one 128x128 tile over K = 4096
+    # 100 tiles, one wave: the setup once, then one tile at half the per-SM peak (aligned) or a quarter (not)
+    aligned = tiling(Gemm(128 * 100, 128, 4096), sms, peak, p, tiles=SQUARE)
+    assert aligned.seconds == pytest.approx(10e-6 + one_tile / (peak * 0.5 / sms))
+    # n = 125 still needs one 128-wide tile per row of tiles: the same tiles, at the unaligned share
+    unaligned = tiling(Gemm(128 * 100, 125, 4096), sms, peak, p, tiles=SQUARE)
+    assert unaligned.tiles == 100 and unaligned.seconds == pytest.approx(10e-6 + one_tile / (peak * 0.25 / sms))
+    # the FMA units load one element at a time anyway: an fp32 product there keeps its own share
+    fma = Params(**{**vars(p), "fma_efficiency": 0.9})
+    t = tiling(Gemm(128 * 100, 125, 4096), sms, peak, fma, tiles=SQUARE, fma=True)
+    assert t.seconds == pytest.approx(10e-6 + one_tile / (peak * 0.9 / sms))
+
+
+def test_a_broadcasting_elementwise_op_moves_its_bytes_slower():
+    p = Params(**{**vars(P), "broadcast_efficiency": 0.5})
+    nbytes = 3 * 4 * (1 << 28)
+    plain = op_time(1 << 28, nbytes, peak=67e12, bandwidth=3.35e12, p=p)
+    wide = op_time(1 << 28, nbytes, peak=67e12, bandwidth=3.35e12, p=p, broadcast=True)
+    assert plain.memory == pytest.approx((nbytes + 1e6) / (3.35e12 * 0.8))
+    assert wide.memory == pytest.approx((nbytes + 1e6) / (3.35e12 * 0.5)) and wide.bound == MEMORY
+
+
+def test_a_loss_backward_does_not_reduce():
+    from flopcount.device.timemodel.core import reduces
+
+    assert reduces("aten.mse_loss", "loss") and not reduces("aten.mse_loss_backward", "loss")
+    assert reduces("aten.native_layer_norm_backward", "norm") and not reduces("aten.add", "pointwise")
+
+
+def test_bytes_of_copies_lists_and_broadcasts():
+    import json
+
+    from flopcount.analyses.prediction.calls import broadcasts, call_facts
+
+    # copy_ writes its destination without reading it: the source read, the destination written, once each
+    copy = json.dumps([[[1024, 256], [1024, 256], []], ["float", "float", "Scalar"], [None, None, None]])
+    assert call_facts("aten.copy_", copy, 0, "kineto")[0] == 2 * 1024 * 256 * 4
+    # a list of tensors is recorded without their sizes: no bytes
+    cat = json.dumps([[[], []], ["TensorList", "Scalar"], [None, None]])
+    assert math.isnan(call_facts("aten.cat", cat, 0, "kineto")[0])
+    # [1024, 256] / [1024, 1]: the second broadcasts; against a Scalar nothing does
+    div = json.dumps([[[1024, 256], [1024, 1]], ["float", "float"], [None, None]])
+    same = json.dumps([[[1024, 256], []], ["float", "Scalar"], [None, None]])
+    assert broadcasts("aten.div", div, "kineto") and not broadcasts("aten.div", same, "kineto")
+    assert not broadcasts("aten.mm", json.dumps([[[64, 128], [128, 32]], ["float", "float"], [None, None]]),
+                          "kineto")

@@ -19,13 +19,15 @@ from flopcount.device.timemodel.core import Params
 from flopcount.analyses.prediction.oncalls import modelled, predict_calls
 
 FITTED = ("matrix_efficiency", "k_overhead", "bandwidth_efficiency", "bandwidth_half_bytes", "kernel_floor_s",
-          "reduction_floor_s", "fma_efficiency")
+          "reduction_floor_s", "fma_efficiency", "unaligned_efficiency",
+          "matrix_setup_s", "broadcast_efficiency")
 START = Params(matrix_efficiency=0.7, k_overhead=64, bandwidth_efficiency=0.8, bandwidth_half_bytes=2e6,
                kernel_floor_s=3e-6, host_launch_s=5e-6, vector_efficiency=0.5, reduction_floor_s=8e-6,
-               fma_efficiency=0.6)
-LOW = (0.1, 0.0, 0.1, 0.0, 0.5e-6, 0.5e-6, 0.1)
-HIGH = (1.0, 4096.0, 1.0, 3e7, 20e-6, 40e-6, 1.0)
-SCALE = np.array([1.0, 100.0, 1.0, 1e6, 1e-6, 1e-6, 1.0])
+               fma_efficiency=0.6, unaligned_efficiency=0.3, matrix_setup_s=3e-6,
+               broadcast_efficiency=0.6)
+LOW = (0.1, 0.0, 0.1, 0.0, 0.5e-6, 0.5e-6, 0.1, 0.05, 0.0, 0.1)
+HIGH = (1.0, 4096.0, 1.0, 3e7, 20e-6, 40e-6, 1.0, 1.0, 40e-6, 1.0)
+SCALE = np.array([1.0, 100.0, 1.0, 1e6, 1e-6, 1e-6, 1.0, 1.0, 1e-6, 1.0])
 
 
 def usable(calls: pd.DataFrame) -> pd.DataFrame:
@@ -35,8 +37,9 @@ def usable(calls: pd.DataFrame) -> pd.DataFrame:
 
 def _distinct(calls: pd.DataFrame) -> Tuple[pd.DataFrame, np.ndarray]:
     """(one row per distinct call, the code of each call): predictions are made once per distinct call."""
-    key = pd.Series([f"{o}|{f}|{b}|{d}|{t}|{k}|{g}" for o, f, b, d, t, k, g in zip(
-        calls["op"], calls["flops"], calls["bytes"], calls["dtype"], calls["tf32"], calls["kernels"], calls["gemms"])])
+    key = pd.Series([f"{o}|{f}|{b}|{d}|{t}|{k}|{g}|{c}" for o, f, b, d, t, k, g, c in zip(
+        calls["op"], calls["flops"], calls["bytes"], calls["dtype"], calls["tf32"], calls["kernels"], calls["gemms"],
+        calls["broadcast"])])
     codes, uniq = pd.factorize(key)
     first = pd.Series(np.arange(len(codes))).groupby(codes).first().to_numpy()
     return calls.iloc[first].reset_index(drop=True), codes
@@ -83,11 +86,11 @@ def floor_only(calls: pd.DataFrame, base: Params) -> Params:
     """``base`` with the kernel floors and host launch cost of a profile too small to fit shares on (its ops all
     far below a microsecond at the roofline): the median kernel time of its plain ops, and of its reducing ops
     the median time of the one kernel that reduces."""
-    from flopcount.device.timemodel.core import REDUCING
+    from flopcount.device.timemodel.core import reduces
 
     c = usable(calls)
     kernels = c["kernels"].clip(lower=1)
-    red = c["family"].isin(REDUCING)
+    red = pd.Series([reduces(o, f) for o, f in zip(c["op"], c["family"])], index=c.index, dtype=bool)
     plain = float(np.median((c["measured_s"] / kernels)[~red])) if (~red).any() else base.kernel_floor_s
     # a reducing op: one kernel at the reduction floor, its others at the plain one (core.op_time)
     reducing = float(np.median((c["measured_s"] - (kernels - 1) * plain)[red])) if red.any() \

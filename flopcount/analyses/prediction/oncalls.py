@@ -7,7 +7,7 @@ import pandas as pd
 
 from flopcount.device.peak_policy import op_precision
 from flopcount.base.errors import UnknownPeak
-from flopcount.device.timemodel.core import REDUCING, OpTime, Params, op_time
+from flopcount.device.timemodel.core import OpTime, Params, op_time, reduces
 
 MATRIX = frozenset({"matmul", "conv", "attention"})
 
@@ -35,6 +35,8 @@ def predict_calls(calls: pd.DataFrame, spec, p: Params) -> pd.DataFrame:
     fams, dts, tf = calls["family"].to_numpy(object), calls["dtype"].to_numpy(object), calls["tf32"].to_numpy(bool)
     fl, nb = calls["flops"].to_numpy(np.float64), calls["bytes"].to_numpy(np.float64)
     kn, gm = calls["kernels"].to_numpy(np.int64), calls["gemms"].to_numpy(object)
+    names = calls["op"].to_numpy(object)
+    bcast = calls["broadcast"].to_numpy(bool) if "broadcast" in calls else np.zeros(n, bool)
     for i in np.flatnonzero(ok):
         fam, dtype, tf32 = fams[i], dts[i], bool(tf[i])
         kp = (dtype, fam in MATRIX, fam, tf32)
@@ -48,7 +50,8 @@ def predict_calls(calls: pd.DataFrame, spec, p: Params) -> pd.DataFrame:
         flops, nbytes, kernels = float(fl[i]), float(nb[i]), max(int(kn[i]), 1)
         t: OpTime = op_time(flops, nbytes, peak=peak, bandwidth=bw, p=p, kernels=kernels, matrix=fam in MATRIX,
                             gemms=gm[i] if fam in MATRIX else None, sms=spec.sms,
-                            reducing=fam in REDUCING, fma=prec == "fp32")
+                            reducing=reduces(names[i], fam), fma=prec == "fp32",
+                            broadcast=bool(bcast[i]))
         cols["t_compute"][i], cols["t_memory"][i], cols["t_floor"][i] = t.compute, t.memory, t.floor
         cols["predicted_s"][i] = t.seconds
         cols["roofline_s"][i] = max(flops / peak, nbytes / bw)

@@ -17,7 +17,7 @@ import pandas as pd
 
 from flopcount.device.peak_policy import step_peak
 from flopcount.analyses.roofline import COLLECTIVE, analyze
-from flopcount.device.timemodel.core import MODES, REDUCING, OpTime, Params, Step, launches, op_time, tiling
+from flopcount.device.timemodel.core import MODES, OpTime, Params, Step, launches, op_time, reduces, tiling
 from flopcount.device.timemodel.params import fit_summary, params_for
 
 MATRIX = frozenset({"matmul", "conv", "attention"})
@@ -126,7 +126,7 @@ def predict_report(report, spec, *, tf32=False, mode: str = "eager", rates=None,
             t = OpTime(tcomm / calls, 0.0, p.kernel_floor_s)
         else:
             t = op_time(flops / calls, nbytes / calls, peak=peak, bandwidth=bw, p=p, matrix=fam in MATRIX,
-                        reducing=fam in REDUCING, fma=prec == "fp32")
+                        reducing=reduces(op, fam), fma=prec == "fp32")
             if fam in MATRIX and spec.sms:
                 rate = _rate(spf, rates.get((op, phase == "backward")) or rates.get((op, not phase == "backward")),
                              op, phase == "backward", peak, spec.sms, p, prec == "fp32")

@@ -42,9 +42,20 @@ class Params:
     vector_efficiency: float = 0.5  # share of the vector peak an elementwise kernel's arithmetic reaches
     reduction_floor_s: float = 0.0  # the least time of a reduction's kernel (it combines across blocks)
     fma_efficiency: float = 0.0  # the same share for a product on the FMA units (fp32 without TF32); 0: as above
+    unaligned_efficiency: float = 0.0  # the tensor-core share where an operand's rows are not 16-byte aligned; 0: same
+    matrix_setup_s: float = 0.0  # a product kernel's fixed time: filling its load pipeline, draining its epilogue
+    broadcast_efficiency: float = 0.0  # the bandwidth share of an elementwise kernel whose inputs broadcast; 0: same
 
 
 REDUCING = frozenset({"reduction", "norm", "softmax", "loss"})  # families whose kernels reduce across blocks
+
+
+def reduces(op: str, family: str) -> bool:
+    """Whether an op's kernels reduce across blocks (``REDUCING`` families): a loss's backward does not (each
+    element's gradient is its own: ``mse_loss_backward``, ``binary_cross_entropy_with_logits_backward``)."""
+    if family == "loss" and str(op).endswith("_backward"):
+        return False
+    return family in REDUCING
 
 
 @dataclass(frozen=True)
@@ -55,6 +66,19 @@ class Gemm:
     n: int
     k: int
     batch: int = 1
+    element_bytes: int = 4  # of its operands: what decides whether their rows are 16-byte aligned
+    rows: str = "mnk"  # which of m, n, k are an operand's row length somewhere (the others count positions)
+
+    @property
+    def aligned(self) -> bool:
+        """Whether every operand's rows start on 16 bytes (each of ``rows`` a multiple of 16 bytes' worth of
+        elements), so that the tensor-core kernels load 16 bytes at a time; otherwise the libraries fall back to
+        kernels that load one element at a time (CUTLASS's ``align1``), which reach a smaller share of the peak. A
+        plain or transposed product may hold any of ``m``, ``n``, ``k`` as a row; a convolution's implicit GEMM
+        only ``n`` (output channels) and ``k`` (input channels x kernel), its ``m`` counting output pixels; an
+        attention kernel only the head size ``n``, its ``m`` and ``k`` counting queries and keys."""
+        step = max(1, 16 // max(int(self.element_bytes), 1))
+        return all(getattr(self, d) % step == 0 for d in self.rows)
 
     @property
     def flops(self) -> int:
@@ -73,9 +97,14 @@ class Tiling:
     seconds: float
 
 
-def matrix_share(p: Params, fma: bool) -> float:
-    """The share of peak a product reaches: on tensor cores, or (``fma``) on the FMA units."""
-    return p.fma_efficiency if fma and p.fma_efficiency > 0 else p.matrix_efficiency
+def matrix_share(p: Params, fma: bool, aligned: bool = True) -> float:
+    """The share of peak a product reaches: on tensor cores (``aligned`` operands or not), or (``fma``) on the FMA
+    units, which load one element at a time anyway."""
+    if fma and p.fma_efficiency > 0:
+        return p.fma_efficiency
+    if not aligned and p.unaligned_efficiency > 0:
+        return p.unaligned_efficiency
+    return p.matrix_efficiency
 
 
 def tiling(g: Gemm, sms: int, peak: float, p: Params, tiles: Sequence[Tuple[int, int]] = TILES,
@@ -85,7 +114,7 @@ def tiling(g: Gemm, sms: int, peak: float, p: Params, tiles: Sequence[Tuple[int,
     of the peak."""
     if sms <= 0 or peak <= 0:
         raise ValueError("a device needs SMs and a peak for the wave model")
-    per_sm = peak * matrix_share(p, fma) / sms
+    per_sm = peak * matrix_share(p, fma, g.aligned) / sms
     best = None
     for tm, tn in tiles:
         base = math.ceil(g.m / tm) * math.ceil(g.n / tn) * g.batch
@@ -94,7 +123,7 @@ def tiling(g: Gemm, sms: int, peak: float, p: Params, tiles: Sequence[Tuple[int,
             split = max(1, min(sms // base, g.k // SPLIT_K_MIN))
         count = base * split
         waves = count / sms
-        seconds = math.ceil(waves) * 2.0 * tm * tn * (g.k / split + p.k_overhead) / per_sm
+        seconds = p.matrix_setup_s + math.ceil(waves) * 2.0 * tm * tn * (g.k / split + p.k_overhead) / per_sm
         if best is None or seconds < best.seconds:
             best = Tiling((tm, tn), count, split, waves, seconds)
     return best
@@ -124,23 +153,28 @@ class OpTime:
         return MEMORY if self.memory >= t else LAUNCH
 
 
-def memory_seconds(nbytes: float, bandwidth: float, p: Params) -> float:
-    """``bytes`` at the achievable bandwidth, ramped for small transfers: ``(bytes + half) / (bw x eff)``."""
+def memory_seconds(nbytes: float, bandwidth: float, p: Params, broadcast: bool = False) -> float:
+    """``bytes`` at the achievable bandwidth, ramped for small transfers: ``(bytes + half) / (bw x eff)``; an
+    elementwise kernel whose inputs ``broadcast`` (shapes that differ) reaches ``broadcast_efficiency`` instead: it
+    computes each element's offsets and cannot load several elements at once."""
     if nbytes <= 0:
         return 0.0
-    return (nbytes + p.bandwidth_half_bytes) / (bandwidth * p.bandwidth_efficiency)
+    share = p.broadcast_efficiency if broadcast and p.broadcast_efficiency > 0 else p.bandwidth_efficiency
+    return (nbytes + p.bandwidth_half_bytes) / (bandwidth * share)
 
 
 def op_time(flops: float, nbytes: float, *, peak: float, bandwidth: float, p: Params, kernels: float = 1,
             matrix: bool = False, gemms: Optional[Iterable[Gemm]] = None, sms: Optional[int] = None,
-            reducing: bool = False, fma: bool = False) -> OpTime:
+            reducing: bool = False, fma: bool = False, broadcast: bool = False) -> OpTime:
     """The time of one op (or of ``kernels`` launches of it) on a device of ``peak`` FLOP/s (its precision's) and
     ``bandwidth`` bytes/s.
 
     A matrix op with its products' shapes (``gemms``) and the device's ``sms`` takes the wave model; a matrix op
     without them, its FLOPs at ``matrix_efficiency`` of the peak; any other op, at ``vector_efficiency``. A
     ``reducing`` op (a sum, a norm: ``REDUCING`` families) has one kernel at the reduction floor; an ``fma``
-    product (fp32 without TF32, on the FMA units) reaches ``fma_efficiency`` of its peak instead.
+    product (fp32 without TF32, on the FMA units) reaches ``fma_efficiency`` of its peak instead, and a tensor-core
+    product whose operands are not 16-byte aligned ``unaligned_efficiency``; a ``broadcast`` elementwise op moves
+    its bytes at ``broadcast_efficiency`` of the bandwidth.
     """
     if gemms is not None and sms:
         gemms = list(gemms)
@@ -152,7 +186,7 @@ def op_time(flops: float, nbytes: float, *, peak: float, bandwidth: float, p: Pa
         compute = flops / (peak * (matrix_share(p, fma) if matrix else p.vector_efficiency))
     else:
         compute = 0.0
-    memory = memory_seconds(nbytes, bandwidth, p)
+    memory = memory_seconds(nbytes, bandwidth, p, broadcast)
     floor = p.kernel_floor_s * kernels if (flops > 0 or nbytes > 0 or kernels) else 0.0
     if reducing and floor:  # one of its kernels combines across blocks; the others (a loss's pieces) are plain
         floor += max(p.reduction_floor_s - p.kernel_floor_s, 0.0)

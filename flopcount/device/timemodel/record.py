@@ -51,7 +51,9 @@ class ShapeLog(TorchDispatchMode):
                 for d in w[1:]:
                     kernel *= d
                 flops = 2 * (out.numel() // max(out.shape[1], 1)) * w[0] * kernel
-            for g in gemms(op, sizes, flops) or ():
+            first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+            size = first.element_size() if first is not None else 4
+            for g in gemms(op, sizes, flops, size) or ():
                 self.seen[(op, torch._C._current_autograd_node() is not None)][g] += 1
         return out
 

@@ -26,9 +26,16 @@ def _dims(x) -> Optional[List[int]]:
     return list(x) if isinstance(x, (list, tuple)) and all(isinstance(d, int) for d in x) else None
 
 
-def gemms(op: str, sizes: Sequence, flops: Optional[float] = None) -> Optional[List[Gemm]]:
-    """The products of one call of ``op`` (an aten packet name) with input ``sizes``; None where the op is not a
-    product this knows the shape of (its FLOPs then take the plain rate)."""
+def gemms(op: str, sizes: Sequence, flops: Optional[float] = None, element_bytes: int = 4) -> Optional[List[Gemm]]:
+    """The products of one call of ``op`` (an aten packet name) with input ``sizes`` of ``element_bytes`` each;
+    None where the op is not a product this knows the shape of (its FLOPs then take the plain rate)."""
+    found = _gemms(op, sizes, flops)
+    if found is None or element_bytes == 4:
+        return found
+    return [Gemm(g.m, g.n, g.k, g.batch, element_bytes, g.rows) for g in found]
+
+
+def _gemms(op: str, sizes: Sequence, flops: Optional[float]) -> Optional[List[Gemm]]:
     s = [_dims(x) for x in sizes]
     name = op.split(".")[-1] if op.startswith("aten.") else op
     try:
@@ -50,7 +57,7 @@ def gemms(op: str, sizes: Sequence, flops: Optional[float] = None) -> Optional[L
             b, h, lq, d = s[0]
             lk = s[1][2]
             # the flash kernel's tiles: blocks of queries per (batch, head); each runs QK^T and PV over the keys
-            return [Gemm(lq, d, lk, b * h), Gemm(lq, d, lk, b * h)]
+            return [Gemm(lq, d, lk, b * h, rows="n"), Gemm(lq, d, lk, b * h, rows="n")]
         if name in ("convolution", "_convolution", "cudnn_convolution") and len(s) >= 2 and s[1] and len(s[1]) >= 3:
             w = s[1]
             n, k = w[0], 1
@@ -58,7 +65,7 @@ def gemms(op: str, sizes: Sequence, flops: Optional[float] = None) -> Optional[L
                 k *= d
             if flops and n and k:  # implicit GEMM: rows = batch x output positions, from the FLOPs
                 m = max(1, round(flops / (2 * n * k)))
-                return [Gemm(m, n, k)]
+                return [Gemm(m, n, k, rows="nk")]
     except (TypeError, ValueError):
         return None
     return None
