@@ -79,6 +79,17 @@ with (gzip.open if open(sys.argv[1], "rb").read(2) == b"\x1f\x8b" else open)(sys
     doc = json.load(fh)
 print(rss() - before)
 """
+# what reading any trace costs a fresh worker once, whatever the trace's size (the formula table's and pandas' first
+# use, after the imports the job's workers have made): its reading memory of a 7 KB trace (220 events, with shapes)
+FLOOR = r"""
+import os, resource, sys
+sys.path.insert(0, sys.argv[1])
+from flopcount.profiles.ranks import resident_bytes, summarize
+import flopcount.profiles.dedup, flopcount.profiles.kineto_trace  # imported before, as the job's workers have them
+before = resident_bytes()
+summarize(sys.argv[2], 0)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before)
+"""
 BOUND = 0.7  # a worker's reading memory over the parsed size of the trace it reads, at most
 
 
@@ -127,11 +138,14 @@ def main(argv=None) -> int:
         print(f"job: {args.ranks} ranks of {name}, {size / 1e6:.1f} MB gzipped; {args.runs} run(s) a "
               f"mode; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
         parsed = parsed_size(os.path.join(folder, "rank0.json.gz"))
+        floor = _child(FLOOR, ROOT, os.path.join(ROOT, "tests", "fixtures", "kineto", "mi250_minitoy_train.json.gz"))
         results = {m: [run(folder, m) for _ in range(args.runs)] for m in modes}
     base_wall = statistics.median(r["wall"] for r in results["1"])
     base_cpu = statistics.median(r["cpu"] for r in results["1"])
     print(f"parsed size of one rank's trace (RSS json.load's result holds): {parsed / 1e6:.1f} MB; bound on a "
           f"worker's reading memory: {BOUND}x it, {BOUND * parsed / 1e6:.1f} MB")
+    print(f"a worker's reading memory of a 7 KB trace (the first use of the formula table and pandas, paid once "
+          f"whatever the size): {floor / 1e6:.1f} MB")
     print(f"{'mode':<10} {'wall s, median (range)':<26} {'CPU s, median (range)':<26} {'wall/1':>7} {'CPU/1':>7} "
           f"{'worker peak MB':>15} {'reading MB':>11} {'/parsed':>8}")
     within = True
@@ -154,9 +168,14 @@ def main(argv=None) -> int:
 
 def parsed_size(path: str) -> int:
     """The RSS json.load's result of ``path`` holds, in a fresh process."""
-    out = subprocess.run([sys.executable, "-c", PARSED, path], capture_output=True, text=True, timeout=3600)
+    return _child(PARSED, path)
+
+
+def _child(code: str, *argv) -> int:
+    """The number a fresh process running ``code`` prints last."""
+    out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=3600)
     if out.returncode != 0:
-        raise SystemExit(f"parsed size: {out.stderr[-2000:]}")
+        raise SystemExit(f"memory measurement: {out.stderr[-2000:]}")
     return int(out.stdout.strip().splitlines()[-1])
 
 

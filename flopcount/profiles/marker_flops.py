@@ -6,8 +6,9 @@ its backward computes, optimizer scaling) is a handful of codes per range, so th
 (name, sizes, context) and :func:`flops.derive` runs once per distinct one.
 
 Linking a backward node to its forward op: backward node ranges (``XxxBackward0, seq = N, sizes = [grads of the
-forward op's outputs]``) link to the last forward op with seq N: autograd numbers a node when the op that creates
-it runs, and later ops see N+1.
+forward op's outputs]``) link to the op of the last forward range with seq N: autograd numbers a node when the op
+that creates it runs, and later ops see N+1. Ranges that record N without making a node (ops under ``no_grad``) come
+before it; the range that makes it may be no op (a custom autograd Function), and then no op is linked.
 """
 from __future__ import annotations
 
