@@ -7,7 +7,8 @@ rank), written gzipped. Each mode runs ``--runs`` times in a fresh process (its 
 wall and CPU time (its own, and its worker processes' as each reports it, imports included; user + sys) of
 ``read_job``, median and range, their ratio to
 one process (``--workers 1``, the peer: the single-file reader run rank after rank), and the largest peak RSS of a
-worker that read a rank (``ru_maxrss`` where it read: one process's own, a pool's or Dask's workers'). The reports'
+worker that read a rank (its VmHWM while it read, ``ranks.peak_resident_bytes``: one process's own, a pool's or
+Dask's workers'; not ``ru_maxrss``, which a process started by exec inherits from its parent). The reports'
 ``ranks``, ``job`` and ``stragglers`` are checked equal across the modes (PASS/FAIL).
 
 Memory against the bound. A worker's reading memory is how far its peak RSS rose above its RSS before its first rank
@@ -82,13 +83,13 @@ print(rss() - before)
 # what reading any trace costs a fresh worker once, whatever the trace's size (the formula table's and pandas' first
 # use, after the imports the job's workers have made): its reading memory of a 7 KB trace (220 events, with shapes)
 FLOOR = r"""
-import os, resource, sys
+import sys
 sys.path.insert(0, sys.argv[1])
-from flopcount.profiles.ranks import resident_bytes, summarize
+from flopcount.profiles.ranks import peak_resident_bytes, resident_bytes, summarize
 import flopcount.profiles.dedup, flopcount.profiles.kineto_trace  # imported before, as the job's workers have them
 before = resident_bytes()
 summarize(sys.argv[2], 0)
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before)
+print(peak_resident_bytes() - before)
 """
 BOUND = 0.7  # a worker's reading memory over the parsed size of the trace it reads, at most
 

@@ -33,7 +33,9 @@ TRACE_SUFFIXES = (".json", ".json.gz")
 NSYS_SUFFIXES = (".sqlite",)
 WORKER_BASE = 600e6  # bytes: a worker's imports (torch, pandas) before it reads anything
 WORTH_A_WORKER = 64e6  # bytes of decompressed trace that repay a worker's start
-PER_BYTE = 6.0  # a worker's peak per byte of decompressed trace (the parsed size is ~8x, the reader peaks at 0.7x it)
+# a worker's peak per byte of decompressed trace: measured (benchmarks/job_read.py, a DLRM trace of 34.8 MB) at 3.1x
+# for one rank and 4.9x for a worker that read several (the allocator keeps what the first read freed); 6 leaves room
+PER_BYTE = 6.0
 RANK_COLUMNS = ["rank", "flops", "gpu_busy_s", "compute_s", "communication_s", "exposed_communication_s", "idle_s",
                 "step_s", "mfu"]
 

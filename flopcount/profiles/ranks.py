@@ -121,6 +121,7 @@ def summarize(path: str, rank: int, kind: str = "trace") -> RankSummary:
     from flopcount.profiles.dedup import analyze
 
     start_bytes = resident_bytes()
+    reset_peak()
     prof = kineto_trace.load(path) if kind == "trace" else nsys_export.load(path)
     a = analyze(prof)
     r = prof.ranges
@@ -187,7 +188,7 @@ def summarize(path: str, rank: int, kind: str = "trace") -> RankSummary:
                        busy_s=busy / per, compute_s=compute / per, communication_s=communication / per,
                        exposed_communication_s=(busy - compute) / per, idle_s=(span - busy) / per,
                        has_shapes=a.has_shapes, collectives=collectives, notes=notes,
-                       reader_peak_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                       reader_peak_bytes=peak_resident_bytes(),
                        reader_start_bytes=start_bytes,
                        report_frame=_mix_frame(a), groups=process_groups(distributed_info(path, kind)),
                        worker=os.getpid(), worker_cpu_s=_cpu())
@@ -200,6 +201,30 @@ def resident_bytes() -> int:
             return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def reset_peak() -> bool:
+    """Start this process's peak resident memory afresh from now (Linux 4.0 on: ``5`` to /proc/self/clear_refs),
+    so that the peak read next is this rank's reading; False where it cannot be."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_resident_bytes() -> int:
+    """This process's peak resident memory (Linux's VmHWM, since the last ``reset_peak``), else ``ru_maxrss``.
+    Not ``ru_maxrss`` first: a process started by exec keeps its parent's peak there, which is not its own."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _cpu() -> float:
