@@ -7,10 +7,19 @@ rank), written gzipped. Each mode runs ``--runs`` times in a fresh process (its 
 wall and CPU time (its own, and its worker processes' as each reports it, imports included; user + sys) of
 ``read_job``, median and range, their ratio to
 one process (``--workers 1``, the peer: the single-file reader run rank after rank), and the largest peak RSS of a
-worker that read a rank (``ru_maxrss`` where it read: one process's own, a pool's or Dask's workers'). The reports'
+worker that read a rank (its VmHWM while it read, ``ranks.peak_resident_bytes``: one process's own, a pool's or
+Dask's workers'; not ``ru_maxrss``, which a process started by exec inherits from its parent). The reports'
 ``ranks``, ``job`` and ``stragglers`` are checked equal across the modes (PASS/FAIL).
 
-    python benchmarks/job_read.py [--ranks 64] [--runs 3] [--skew 37] [--no-dask]
+Memory against the bound. A worker's reading memory is how far its peak RSS rose above its RSS before its first rank
+(its imports left out; ``Job.worker_growth_bytes``); the bound is 0.7x the parsed size of the trace it reads, the
+parsed size being the RSS that ``json.load``'s result holds once loaded (measured once, in a fresh process, on one
+rank's file, as benchmarks/kineto_parse.py measures it). The largest growth of any worker, its ratio to the parsed
+size, and whether every mode stays within the bound are printed. ``--source`` picks the trace copied (a fixture's
+name in tests/fixtures/kineto, or a path): the default is small, and a bigger one makes the reading's memory stand
+out of the allocator's noise.
+
+    python benchmarks/job_read.py [--ranks 64] [--runs 3] [--skew 37] [--no-dask] [--source NAME_OR_PATH]
 """
 from __future__ import annotations
 
@@ -55,12 +64,39 @@ if cluster is not None:
     cluster.close()
 doc = job.to_dict()
 print(json.dumps({"wall": wall, "cpu": cpu, "peak": max(doc["reader_peak_bytes"].values()),
+                  "growth": max(job.worker_growth_bytes.values(), default=None),
                   "report": {k: doc[k] for k in ("ranks", "job", "stragglers")}}))
 """
 
+# the RSS json.load's result holds once loaded (its text freed), the collector paused as the reader pauses it
+PARSED = r"""
+import gc, gzip, json, os, sys
+def rss():
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+gc.disable()
+before = rss()
+with (gzip.open if open(sys.argv[1], "rb").read(2) == b"\x1f\x8b" else open)(sys.argv[1], "rb") as fh:
+    doc = json.load(fh)
+print(rss() - before)
+"""
+# what reading any trace costs a fresh worker once, whatever the trace's size (the formula table's and pandas' first
+# use, after the imports the job's workers have made): its reading memory of a 7 KB trace (220 events, with shapes)
+FLOOR = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+from flopcount.profiles.ranks import peak_resident_bytes, resident_bytes, summarize
+import flopcount.profiles.dedup, flopcount.profiles.kineto_trace  # imported before, as the job's workers have them
+before = resident_bytes()
+summarize(sys.argv[2], 0)
+print(peak_resident_bytes() - before)
+"""
+BOUND = 0.7  # a worker's reading memory over the parsed size of the trace it reads, at most
 
-def make_job(folder: str, ranks: int, skew_us: float) -> None:
-    with gzip.open(os.path.join(SOURCE, "sampled_rank0_train.json.gz"), "rt") as fh:
+
+def make_job(folder: str, ranks: int, skew_us: float, source: str = "sampled_rank0_train.json.gz") -> None:
+    path = source if os.path.isfile(source) else os.path.join(SOURCE, source)
+    with (gzip.open if open(path, "rb").read(2) == b"\x1f\x8b" else open)(path, "rt") as fh:
         doc = json.load(fh)
     events = doc["traceEvents"]
     for r in range(ranks):
@@ -86,6 +122,8 @@ def main(argv=None) -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--skew", type=float, default=37.0, help="clock skew per rank, in us")
     p.add_argument("--no-dask", action="store_true")
+    p.add_argument("--source", default="sampled_rank0_train.json.gz",
+                   help="the trace copied to every rank: a name in tests/fixtures/kineto, or a path")
     args = p.parse_args(argv)
     modes = ["1", "2", "4"]
     try:
@@ -95,26 +133,60 @@ def main(argv=None) -> int:
     except ImportError:
         print("(Dask not installed: pip install 'flopcount[jobs]'; its mode is left out)")
     with tempfile.TemporaryDirectory() as folder:
-        make_job(folder, args.ranks, args.skew)
+        make_job(folder, args.ranks, args.skew, args.source)
         size = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
-        print(f"job: {args.ranks} ranks of sampled_rank0_train, {size / 1e6:.1f} MB gzipped; {args.runs} run(s) a "
+        name = os.path.basename(args.source).split(".")[0]
+        print(f"job: {args.ranks} ranks of {name}, {size / 1e6:.1f} MB gzipped; {args.runs} run(s) a "
               f"mode; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+        parsed = parsed_size(os.path.join(folder, "rank0.json.gz"))
+        floor = _child(FLOOR, ROOT, os.path.join(ROOT, "tests", "fixtures", "kineto", "mi250_minitoy_train.json.gz"))
         results = {m: [run(folder, m) for _ in range(args.runs)] for m in modes}
     base_wall = statistics.median(r["wall"] for r in results["1"])
     base_cpu = statistics.median(r["cpu"] for r in results["1"])
+    print(f"parsed size of one rank's trace (RSS json.load's result holds): {parsed / 1e6:.1f} MB; bound on a "
+          f"worker's reading memory: {BOUND}x it, {BOUND * parsed / 1e6:.1f} MB")
+    print(f"a worker's reading memory of a 7 KB trace (the first use of the formula table and pandas, paid once "
+          f"whatever the size): {floor / 1e6:.1f} MB")
     print(f"{'mode':<10} {'wall s, median (range)':<26} {'CPU s, median (range)':<26} {'wall/1':>7} {'CPU/1':>7} "
-          f"{'worker peak MB':>15}")
+          f"{'worker peak MB':>15} {'reading MB':>11} {'/parsed':>8}")
+    within = True
     for m, rs in results.items():
         w = [r["wall"] for r in rs]
         c = [r["cpu"] for r in rs]
         label = "dask (2)" if m == "dask" else f"{m} worker" + ("s" if m != "1" else "")
         wall, cpu = statistics.median(w), statistics.median(c)
         print(f"{label:<10} {wall:>7.2f} ({min(w):.2f}-{max(w):.2f}){'':<8} {cpu:>7.2f} ({min(c):.2f}-{max(c):.2f})"
-              f"{'':<8} {wall / base_wall:>7.2f} {cpu / base_cpu:>7.2f} {max(r['peak'] for r in rs) / 1e6:>15.0f}")
+              f"{'':<8} {wall / base_wall:>7.2f} {cpu / base_cpu:>7.2f} {max(r['peak'] for r in rs) / 1e6:>15.0f}"
+              + _growth(rs, parsed))
+        grown = [r["growth"] for r in rs if r["growth"] is not None]
+        within = within and bool(grown) and parsed > 0 and max(grown) <= BOUND * parsed
     reports = [json.dumps(r["report"], sort_keys=True) for rs in results.values() for r in rs]
     same = len(set(reports)) == 1
     print("PASS" if same else "FAIL", "(ranks, job and stragglers equal across every mode and run)")
-    return 0 if same else 1
+    print("PASS" if within else "FAIL", f"(every worker's reading memory within {BOUND}x the parsed size of its trace)")
+    return 0 if same and within else 1
+
+
+def parsed_size(path: str) -> int:
+    """The RSS json.load's result of ``path`` holds, in a fresh process."""
+    return _child(PARSED, path)
+
+
+def _child(code: str, *argv) -> int:
+    """The number a fresh process running ``code`` prints last."""
+    out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=3600)
+    if out.returncode != 0:
+        raise SystemExit(f"memory measurement: {out.stderr[-2000:]}")
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+def _growth(rs, parsed: int) -> str:
+    """The largest reading memory of any worker over the runs of a mode, and its ratio to the parsed size."""
+    grown = [r["growth"] for r in rs if r["growth"] is not None]
+    if not grown:
+        return f" {'-':>11} {'-':>8}"
+    top = max(grown)
+    return f" {top / 1e6:>11.0f} {top / parsed if parsed > 0 else float('nan'):>8.2f}"
 
 
 if __name__ == "__main__":

@@ -117,7 +117,7 @@ def _by_phase(args, a) -> int:
     table["flops_per_s"] = (table["flops"] / table["gpu_s"].where(table["gpu_s"] > 0)).astype(float)
     if args.format == "json":
         print_json({"profile": args.profile, "by": "phase", "rows": records(table.reset_index()), "notes": a.notes,
-                    **_time_doc(a)})
+                    **_time_doc(a), **_schema_doc(a)})
         return EXIT_OK
     if args.format == "csv":
         print_frame(table, "csv")
@@ -126,7 +126,7 @@ def _by_phase(args, a) -> int:
     cols = [R.Col("phase"), R.Col("flops", R.FLOPS, "FLOPs"), R.Col("naive_flops", R.FLOPS, "naive", drop=3),
             R.Col("calls", R.INT, drop=1), R.Col("kernels", R.INT, drop=2), R.Col("gpu_s", R.SECONDS, time_label),
             R.Col("share", R.SHARE, drop=5), R.Col("flops_per_s", R.RATE, "FLOP/s", drop=4)]
-    print(R.table(table.reset_index(), cols, title=[R.headline(args.profile, by="phase")],
+    print(R.table(table.reset_index(), cols, title=[R.headline(args.profile, by="phase")] + _schema_line(a),
                   notes=time_footer(a) + [f"note: {n}" for n in a.notes]))
     return EXIT_OK
 
@@ -139,7 +139,7 @@ def _by_kernels(args, a) -> int:
     table = a.by_kernels(args.by)
     if args.format == "json":
         print_json({"profile": args.profile, "by": args.by, "devices": a.devices,
-                    "rows": records(table.reset_index()), "notes": a.notes})
+                    "rows": records(table.reset_index()), "notes": a.notes, **_schema_doc(a)})
         return EXIT_OK
     if args.format == "csv":
         print_frame(table, "csv")
@@ -151,7 +151,7 @@ def _by_kernels(args, a) -> int:
             R.Col("share", R.SHARE, drop=2), R.Col("flops", R.FLOPS, "FLOPs", drop=1)]
     total = dict(kernels=int(table["kernels"].sum()), gpu_s=float(table["gpu_s"].sum()), share=1.0,
                  flops=float(table["flops"].sum()) if a.has_shapes else None)
-    title = [R.headline(args.profile, by=args.by)]
+    title = [R.headline(args.profile, by=args.by)] + _schema_line(a)
     if a.devices:
         title.append("  devices: " + ", ".join(sorted(set(a.devices))))
     notes = ["an op's FLOPs are on the device and stream its kernels ran on"] if a.has_shapes else []
@@ -168,7 +168,7 @@ def _print(args, a, kind: str) -> int:
                     "seconds": a.gpu_seconds(), "gpu_seconds": a.gpu_seconds(), "devices": a.devices,
                     "flops_per_s": {p: a.flops_per_s(p) for p in ("forward", "backward", "optimizer")
                                     if (a.ops["phase"] == p).any()} if a.has_shapes else None,
-                    "notes": a.notes, "per_op": records(a.ops), **_time_doc(a)})
+                    "notes": a.notes, "per_op": records(a.ops), **_time_doc(a), **_schema_doc(a)})
         print_json(doc)
         return EXIT_OK
     if args.format == "csv":
@@ -180,6 +180,18 @@ def _print(args, a, kind: str) -> int:
     print(nsys_table(a, args.profile, naive=args.naive, top=args.top, kind=kind, show_all=args.show_all,
                      notes=[f"note: {n}" for n in a.notes if n not in warned]))
     return EXIT_OK
+
+
+def _schema_doc(a) -> dict:
+    """The json field naming a trace's schema (``trace_schema``); none for an Nsight export."""
+    name = getattr(a, "schema_name", "")
+    return {"trace_schema": name} if name else {}
+
+
+def _schema_line(a) -> list:
+    """The table header's line naming a trace's schema; none for an Nsight export."""
+    name = getattr(a, "schema_name", "")
+    return [f"  schema: {name}"] if name else []
 
 
 def _capture(args) -> int:
@@ -212,7 +224,7 @@ def nsys_table(a, profile: str, naive: bool = False, top=None, notes=(), width=N
     time_label = "CPU time" if getattr(a, "time_source", "gpu") == "cpu" else "GPU time"
     head = {("ops" if kind == "trace" else "ranges"): f"{a.ranges:,}", "kernels": f"{a.kernels:,}",
             time_label.replace(" ", "_").lower(): R.seconds(a.gpu_seconds())}
-    title = [R.headline(profile, **head)]
+    title = [R.headline(profile, **head)] + _schema_line(a)
     if getattr(a, "devices", None):  # a line of their own: a device's name is never broken in two
         title.append("  devices: " + ", ".join(sorted(set(a.devices))))
     if shapes:

@@ -66,6 +66,7 @@ class Analysis:
     # per kernel: start (ns), name, the op or range it is charged to (``owner``, -1: none), that range's name,
     # phase and FLOPs (-1: not known); the Inductor peer's comparison joins on start and name
     kernel_ops: Optional[pd.DataFrame] = None
+    schema_name: str = ""  # a torch.profiler trace's schema in words ("" for an Nsight export)
 
     def uncounted_time(self) -> pd.DataFrame:
         """The time whose FLOPs are not known, by what ran it: op, extension op, compiled region, annotation."""
@@ -304,7 +305,7 @@ def analyze(prof: Profile, naive: bool = False) -> Analysis:
     return Analysis(ops=ops, report=report, has_shapes=has_shapes, kernels=len(k), kernels_unlaunched=unl,
                     kernels_outside_ranges=outside, ranges=n, notes=notes, path=prof.path,
                     devices=list(prof.devices), time_source="cpu" if prof.cpu_times else "device",
-                    op_ranges=op_ranges,
+                    op_ranges=op_ranges, schema_name=prof.schema_name,
                     kernel_groups=_kernel_groups(k, kdur, inner, in_range, op_of, is_op, flops),
                     inductor=inductor, time_rows=time_rows, time_shares=time_shares,
                     kernel_ops=pd.DataFrame({

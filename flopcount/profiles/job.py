@@ -33,7 +33,9 @@ TRACE_SUFFIXES = (".json", ".json.gz")
 NSYS_SUFFIXES = (".sqlite",)
 WORKER_BASE = 600e6  # bytes: a worker's imports (torch, pandas) before it reads anything
 WORTH_A_WORKER = 64e6  # bytes of decompressed trace that repay a worker's start
-PER_BYTE = 6.0  # a worker's peak per byte of decompressed trace (the parsed size is ~8x, the reader peaks at 0.7x it)
+# a worker's peak per byte of decompressed trace: measured (benchmarks/job_read.py, a DLRM trace of 34.8 MB) at 3.1x
+# for one rank and 4.9x for a worker that read several (the allocator keeps what the first read freed); 6 leaves room
+PER_BYTE = 6.0
 RANK_COLUMNS = ["rank", "flops", "gpu_busy_s", "compute_s", "communication_s", "exposed_communication_s", "idle_s",
                 "step_s", "mfu"]
 
@@ -55,6 +57,10 @@ class Job:
     scheduler: Optional[str] = None
     reader_peak_bytes: dict = field(default_factory=dict)
     worker_cpu_s: dict = field(default_factory=dict)  # process id -> its CPU seconds when it read its last rank
+    # process id -> how far its peak resident memory rose above what it held before its first rank (bytes; absent
+    # where the memory could not be read): the reading's own memory, without the worker's imports
+    worker_growth_bytes: dict = field(default_factory=dict)
+    worker_ranks: dict = field(default_factory=dict)  # process id -> the ranks it read
 
     def to_dict(self) -> dict:
         """The json document of ``trace``/``nsys`` over several ranks (``ranks``, ``job``, ``stragglers``)."""
@@ -236,6 +242,9 @@ def combine(summaries, peak=None, device_spec=None) -> Job:
         rows.append({"rank": s.rank, "flops": s.flops if s.has_shapes else None, "gpu_busy_s": s.busy_s,
                      "compute_s": s.compute_s, "communication_s": s.communication_s,
                      "exposed_communication_s": s.exposed_communication_s, "idle_s": s.idle_s, "step_s": s.step_s,
+                     # the share of the communication with no compute beside it
+                     "exposed_share": s.exposed_communication_s / s.communication_s if s.communication_s > 0
+                     else None,
                      "mfu": mfu, "achieved_flops_per_s": s.flops / s.step_s if s.step_s > 0 and s.has_shapes
                      else None, "peak_flops_per_s": pk, "peak_source": source, "steps": s.steps,
                      "idle_share": s.idle_s / s.step_s if s.step_s > 0 else None,
@@ -261,10 +270,18 @@ def combine(summaries, peak=None, device_spec=None) -> Job:
     steps = int(ranks["steps"].min())
     found = S.stragglers({s.rank: s.collectives for s in summaries}, steps, step, partitions=partitions(summaries))
     cpu: dict = {}
+    peak: dict = {}
+    base: dict = {}
+    read: dict = {}
     for s in summaries:
         cpu[s.worker] = max(cpu.get(s.worker, 0.0), s.worker_cpu_s)
+        peak[s.worker] = max(peak.get(s.worker, 0), int(s.reader_peak_bytes))
+        read.setdefault(s.worker, []).append(int(s.rank))
+        if s.reader_start_bytes > 0:
+            base[s.worker] = min(base.get(s.worker, s.reader_start_bytes), int(s.reader_start_bytes))
     return Job(ranks=ranks, job=job, stragglers=found, notes=notes,
-               reader_peak_bytes={int(s.rank): int(s.reader_peak_bytes) for s in summaries}, worker_cpu_s=cpu)
+               reader_peak_bytes={int(s.rank): int(s.reader_peak_bytes) for s in summaries}, worker_cpu_s=cpu,
+               worker_growth_bytes={w: max(peak[w] - b, 0) for w, b in base.items()}, worker_ranks=read)
 
 
 def partitions(summaries) -> list:

@@ -40,6 +40,7 @@ from flopcount.profiles.launches import LaunchIndex
 from flopcount.profiles.nesting import sort_ranges
 from flopcount.profiles.profile import Profile, ProfileError, check_path, head
 from flopcount.profiles.trace_rules import LEGACY_SCHEMA, RANGE_CATS, THREAD_SHIFT, Decoded, decode_events, parse_value  # noqa: F401
+from flopcount.profiles.trace_rules import schema_name
 
 
 def read_json(path: str):
@@ -118,7 +119,8 @@ def assemble(path: str, d: Decoded) -> Profile:
         notes.append(f"read as a trace of {LEGACY_SCHEMA}")
     return Profile(path=path, ranges=ranges, kernels=kernels, schema_version=d.schema_version,
                    product_version="torch.profiler" + (f", {LEGACY_SCHEMA}" if d.legacy else ""), skipped=skipped, notes=notes, sizes_format="kineto",
-                   cpu_times=not d.saw_device, devices=d.devices)
+                   cpu_times=not d.saw_device, devices=d.devices,
+                   schema_name=schema_name(d.legacy, d.schema_version))
 
 
 def categorical(values: np.ndarray) -> pd.Categorical:

@@ -6,8 +6,9 @@ its backward computes, optimizer scaling) is a handful of codes per range, so th
 (name, sizes, context) and :func:`flops.derive` runs once per distinct one.
 
 Linking a backward node to its forward op: backward node ranges (``XxxBackward0, seq = N, sizes = [grads of the
-forward op's outputs]``) link to the last forward op with seq N: autograd numbers a node when the op that creates
-it runs, and later ops see N+1.
+forward op's outputs]``) link to the op of the last forward range with seq N: autograd numbers a node when the op
+that creates it runs, and later ops see N+1. Ranges that record N without making a node (ops under ``no_grad``) come
+before it; the range that makes it may be no op (a custom autograd Function), and then no op is linked.
 """
 from __future__ import annotations
 
@@ -134,6 +135,19 @@ def take(values: np.ndarray, pos: np.ndarray, missing: int = -1) -> np.ndarray:
     return np.where(pos >= 0, values[np.maximum(pos, 0)], missing)
 
 
+def _owning_op(rows: np.ndarray, is_op: np.ndarray, parent: np.ndarray) -> np.ndarray:
+    """The op each range belongs to: itself where it is an op, else its nearest op ancestor (a range recorded
+    inside an op is part of it), -1 where none."""
+    out = rows.astype(np.int64).copy()
+    todo = np.flatnonzero(~is_op[out])
+    while len(todo):
+        up = parent[out[todo]].astype(np.int64)
+        out[todo] = up
+        todo = todo[up >= 0]
+        todo = todo[~is_op[out[todo]]]
+    return out
+
+
 def op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, fmt, notes, by_level=None):
     """(flops (-1 where not derived), reason, status code) per range, and the set of (op, reason) failures."""
     n = len(r)
@@ -156,9 +170,14 @@ def op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, fmt, no
     node_seq, first = np.unique(seq[nodes], return_index=True)
     node_sizes = sc[nodes[first]]
     fwd = np.flatnonzero(is_op & is_fwd & (seq >= 0))
-    fwd = fwd[np.argsort(start[fwd], kind="stable")][::-1]  # the last one wins
-    cre_seq, cre_first = np.unique(seq[fwd], return_index=True)
-    creator = fwd[cre_first]
+    # a node's creator is the op of the last forward range recorded with its seq, whatever the range: an op under
+    # no_grad records the number the next node will take (and makes none), and what takes it may be no op (a
+    # custom autograd Function: FSDP2's RegisterPostBackwardFunction); sought among the ops alone, the creator
+    # would be that no_grad op, which would then take the Function's node's sizes as its output
+    recorded = np.flatnonzero(is_fwd & (seq >= 0) & ~node)
+    recorded = recorded[np.argsort(start[recorded], kind="stable")][::-1]  # the last one wins
+    cre_seq, cre_first = np.unique(seq[recorded], return_index=True)
+    creator = _owning_op(recorded[cre_first], is_op, parent)
     # the step's input feeds the first op of each forward pass (a profile may hold several steps): a forward op
     # is a pass's first where a backward or optimizer op started since the forward op before it
     fwd_by_t = fwd[np.argsort(start[fwd], kind="stable")]

@@ -75,6 +75,7 @@ class Profile:
     kernels: pd.DataFrame
     schema_version: str = ""
     product_version: str = ""
+    schema_name: str = ""  # a torch.profiler trace's schema in words (trace_rules.schema_name); "" for Nsight
     start_end_ranges: int = 0
     skipped: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)

@@ -56,6 +56,7 @@ class RankSummary:
     collectives: dict = field(default_factory=dict)  # key (text) -> (starts, ends) int64 arrays, in time order
     notes: list = field(default_factory=list)
     reader_peak_bytes: int = 0
+    reader_start_bytes: int = 0  # the worker's resident memory just before it read this rank (0: not known)
     report_frame: object = None  # the per-op frame a peak's precision mix needs (family, dtype, flops)
     groups: list = field(default_factory=list)  # (description, ranks) of its process groups, where recorded
     worker: int = 0  # the process that read it, and that process's CPU seconds (user + sys) by then
@@ -119,6 +120,8 @@ def summarize(path: str, rank: int, kind: str = "trace") -> RankSummary:
     from flopcount.profiles import kineto_trace, nsys_export
     from flopcount.profiles.dedup import analyze
 
+    start_bytes = resident_bytes()
+    reset_peak()
     prof = kineto_trace.load(path) if kind == "trace" else nsys_export.load(path)
     a = analyze(prof)
     r = prof.ranges
@@ -185,9 +188,43 @@ def summarize(path: str, rank: int, kind: str = "trace") -> RankSummary:
                        busy_s=busy / per, compute_s=compute / per, communication_s=communication / per,
                        exposed_communication_s=(busy - compute) / per, idle_s=(span - busy) / per,
                        has_shapes=a.has_shapes, collectives=collectives, notes=notes,
-                       reader_peak_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                       reader_peak_bytes=peak_resident_bytes(),
+                       reader_start_bytes=start_bytes,
                        report_frame=_mix_frame(a), groups=process_groups(distributed_info(path, kind)),
                        worker=os.getpid(), worker_cpu_s=_cpu())
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now (Linux's /proc/self/statm), 0 where it cannot be read."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def reset_peak() -> bool:
+    """Start this process's peak resident memory afresh from now (Linux 4.0 on: ``5`` to /proc/self/clear_refs),
+    so that the peak read next is this rank's reading; False where it cannot be."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_resident_bytes() -> int:
+    """This process's peak resident memory (Linux's VmHWM, since the last ``reset_peak``), else ``ru_maxrss``.
+    Not ``ru_maxrss`` first: a process started by exec keeps its parent's peak there, which is not its own."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _cpu() -> float:
@@ -196,6 +233,8 @@ def _cpu() -> float:
 
 
 def _schema(prof, kind: str) -> str:
+    if kind == "trace" and prof.schema_name:
+        return f"torch.profiler, {prof.schema_name}"
     if kind == "trace":
         v = f" schemaVersion {prof.schema_version}" if prof.schema_version else ""
         return f"{prof.product_version or 'torch.profiler'}{v}"

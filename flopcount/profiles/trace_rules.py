@@ -23,6 +23,8 @@ DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 LEGACY_CATS = {"Operator": "cpu_op", "Runtime": "cuda_runtime", "Kernel": "kernel", "Memcpy": "gpu_memcpy",
                "Memset": "gpu_memset"}
 LEGACY_SCHEMA = "PyTorch 1.x categories (Operator, Runtime, Kernel, Memcpy, Memset)"
+# the names PyTorch 1.11 on writes, 2.x included (a trace records no PyTorch version: its categories tell the era)
+CURRENT_SCHEMA = "PyTorch 1.11+/2.x categories (cpu_op, cuda_runtime, kernel, gpu_memcpy, gpu_memset)"
 THREAD_SHIFT = 40  # a forward thread's rank above the sequence number
 LIMIT = 1 << 62  # times in nanoseconds, and ids, beyond this are not a trace's
 NAME_MAX = 4096
@@ -53,6 +55,13 @@ class Decoded:
     devices: list = field(default_factory=list)
     figured: dict = field(default_factory=dict)
     legacy: bool = False  # PyTorch 1.x category names were read
+
+
+def schema_name(legacy: bool, version: str) -> str:
+    """The schema a trace was read in, as a report names it: its era's category names and its ``schemaVersion``
+    (none in a bare event list)."""
+    v = f"schemaVersion {version}" if version else "no schemaVersion (a bare event list)"
+    return f"{LEGACY_SCHEMA if legacy else CURRENT_SCHEMA}, {v}"
 
 
 def parse_value(text):
