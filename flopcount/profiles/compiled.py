@@ -68,14 +68,18 @@ def fill_from_launch_records(kernels: pd.DataFrame, records: dict) -> pd.DataFra
     return kernels
 
 
-def region_of(names: np.ndarray, parent: np.ndarray, by_level) -> np.ndarray:
-    """Per range, the outermost compiled region on its path (itself if it is one), -1 where none."""
-    if len(names):  # a profile has millions of ranges and a few hundred distinct names: each name tested once
+def region_of(names: np.ndarray, parent: np.ndarray, by_level, codes=None) -> np.ndarray:
+    """Per range, the outermost compiled region on its path (itself if it is one), -1 where none. ``names``: the
+    name of each range, or, with ``codes`` (each range's index into ``names``), the distinct names."""
+    if codes is not None:  # a profile has millions of ranges and a few hundred distinct names: each tested once
+        flags = np.array([is_region(str(u)) for u in names], dtype=bool)[codes] if len(names) \
+            else np.zeros(len(codes), bool)
+    elif len(names):
         codes, uniq = pd.factorize(np.asarray(names, dtype=object))
         flags = np.array([is_region(str(u)) for u in uniq], dtype=bool)[codes]
     else:
         flags = np.zeros(0, bool)
-    own = np.where(flags, np.arange(len(names)), -1)
+    own = np.where(flags, np.arange(len(flags)), -1)
     out = own.copy()
     for idx in by_level[1:]:
         p = parent[idx]
@@ -84,24 +88,35 @@ def region_of(names: np.ndarray, parent: np.ndarray, by_level) -> np.ndarray:
     return out
 
 
-def account(*, names, phases, is_op, flops, status, region, kernels, kdur, owner, cpu_times, start, end, tids):
+def account(*, names, name_codes, phases, phase_codes, is_op, flops, status, region, kernels, kdur, owner,
+            cpu_times, start, end, tids):
     """(inductor rows, time rows, shares).
 
-    ``names``/``phases`` per range (text), ``flops`` (-1 not derived) and ``status`` per range (an index into
-    ``marker_flops.STATUS``: '', counted, uncounted, zero; codes, since text compares slowly a million times);
-    ``owner`` per kernel: the range it is charged to (-1: outside every range). Inductor rows: one per (kernel name,
-    phase, region) with launches, FLOPs, GB and device seconds. Time rows: one per (what, phase, status) with calls,
+    Ranges come as codes, since a million texts compare and hash slowly: ``names`` and ``phases`` are the distinct
+    texts, ``name_codes`` and ``phase_codes`` each range's index into them; ``flops`` (-1 not derived) and
+    ``status`` per range (an index into ``marker_flops.STATUS``: '', counted, uncounted, zero); ``owner`` per
+    kernel: the range it is charged to (-1: outside every range). Inductor rows: one per (kernel name, phase,
+    region) with launches, FLOPs, GB and device seconds. Time rows: one per (what, phase, status) with calls,
     kernels and seconds; ``shares``: the share of all time per status."""
+    names = np.asarray(names, dtype=object)
+    phases = np.asarray(phases, dtype=object)
     n_k = len(kdur)
     kflop = kernels["kernel_flop"].to_numpy(np.float64) if "kernel_flop" in kernels else np.full(n_k, np.nan)
     kgb = kernels["kernel_num_gb"].to_numpy(np.float64) if "kernel_num_gb" in kernels else np.full(n_k, np.nan)
     fig = ~np.isnan(kflop)
-    own_phase = np.where(owner >= 0, phases[np.maximum(owner, 0)], "forward") if n_k else np.zeros(0, object)
-    reg = np.where(owner >= 0, region[np.maximum(owner, 0)], -1) if n_k else np.zeros(0, np.int64)
-    reg_name = np.where(reg >= 0, names[np.maximum(reg, 0)], "") if n_k else np.zeros(0, object)
-    kname = np.asarray(kernels["name"], dtype=object) if n_k else np.zeros(0, object)
+    safe = np.maximum(owner, 0)
+    hit = owner >= 0
+    # per kernel, codes: its owner's phase ("forward" outside every range), the region around it and its name
+    forward = len(phases)
+    own_phase = np.where(hit, phase_codes[safe], forward) if n_k else np.zeros(0, np.int64)
+    phase_keys = np.append(phases, "forward")
+    reg = np.where(hit, region[safe], -1) if n_k else np.zeros(0, np.int64)
+    none = len(names)  # the code of "" (no region) and of OUTSIDE (no range)
+    reg_name = np.where(reg >= 0, name_codes[np.maximum(reg, 0)], none) if n_k else np.zeros(0, np.int64)
     if fig.any():
-        inductor = _sum_by({"kernel": kname[fig], "phase": own_phase[fig], "region": reg_name[fig]},
+        kname = np.asarray(kernels["name"], dtype=object)
+        inductor = _sum_by({"kernel": kname[fig], "phase": (own_phase[fig], phase_keys),
+                            "region": (reg_name[fig], np.append(names, ""))},
                            {"calls": np.ones(int(fig.sum()), np.int64), "flops": kflop[fig],
                             "gb": np.nan_to_num(kgb[fig]), "gpu_s": kdur[fig] / 1e9})
         inductor["flops"] = inductor["flops"].round().astype(np.int64)
@@ -112,18 +127,18 @@ def account(*, names, phases, is_op, flops, status, region, kernels, kdur, owner
     op_code = np.where(code == _COUNTED, np.where(flops > 0, _COUNTED, _ZERO),
                        np.where(code == _NONE, _UNCOUNTED, code))
     if cpu_times:
-        rows = _cpu_rows(names, phases, is_op, STATUS[op_code], region, start, end, tids)
+        rows = _cpu_rows(names[name_codes], phases[phase_codes], is_op, STATUS[op_code], region, start, end, tids)
     else:
-        safe = np.maximum(owner, 0)
-        st = np.where((owner >= 0) & is_op[safe], STATUS[op_code[safe]], UNCOUNTED) if n_k else np.zeros(0, object)
-        st = np.where(fig, COUNTED, st)
-        what = np.where(owner >= 0, names[safe], OUTSIDE) if n_k else np.zeros(0, object)
+        st = np.where(hit & is_op[safe], op_code[safe], _UNCOUNTED) if n_k else np.zeros(0, np.int64)
+        st = np.where(fig, _COUNTED, st)
+        what = np.where(hit, name_codes[safe], none) if n_k else np.zeros(0, np.int64)
         # a compiled region's own kernels are listed under the region, whichever record launched them; a call is
         # one range that launched the kernels (the region, for those)
-        listed = (reg >= 0) & ~is_op[safe] & (st == UNCOUNTED) if n_k else np.zeros(0, bool)
+        listed = (reg >= 0) & ~is_op[safe] & (st == _UNCOUNTED) if n_k else np.zeros(0, bool)
         what = np.where(listed, reg_name, what)
         caller = np.where(listed, reg, owner)
-        rows = _sum_by({"what": what, "phase": own_phase, "status": st},
+        rows = _sum_by({"what": (what, np.append(names, OUTSIDE)), "phase": (own_phase, phase_keys),
+                        "status": (st, STATUS)},
                        {"kernels": np.ones(n_k, np.int64), "seconds": kdur / 1e9}, calls=caller)
     secs = rows["seconds"].to_numpy(np.float64)
     status_of = np.asarray(rows["status"], dtype=object)
@@ -137,19 +152,30 @@ def account(*, names, phases, is_op, flops, status, region, kernels, kdur, owner
 
 
 def _sum_by(keys: dict, sums: dict, calls=None) -> pd.DataFrame:
-    """Sums of ``sums`` per distinct combination of ``keys`` (text arrays), and with ``calls`` (an id per row, -1
-    for none), the number of distinct ids per combination; without pandas' per-group machinery, which costs more
-    than the rest of a small trace's analysis."""
+    """Sums of ``sums`` per distinct combination of ``keys`` (per key, text per row, or (codes per row, the texts
+    they index): a million rows of codes group at a fraction of the cost of their texts), and with ``calls`` (an
+    id per row, -1 for none), the number of distinct ids per combination; without pandas' per-group machinery,
+    which costs more than the rest of a small trace's analysis. Groups come in the order they first appear."""
     n = len(next(iter(sums.values())))
     key = np.zeros(n, np.int64)
-    for col in keys.values():
-        code, uniq = pd.factorize(np.asarray(col, dtype=object))
+    shown = {}
+    for k, col in keys.items():
+        if isinstance(col, tuple):
+            # the same text under two codes is one group: codes made distinct by the texts they stand for
+            codes, texts = col
+            canon, uniq = pd.factorize(np.asarray(texts, dtype=object))
+            code = canon[codes]
+            shown[k] = (code, np.asarray(uniq, dtype=object))
+        else:
+            col = np.asarray(col, dtype=object)
+            code, uniq = pd.factorize(col)
+            shown[k] = (None, col)
         key = key * max(len(uniq), 1) + code
     code, _ = pd.factorize(key)
     groups = int(code.max()) + 1 if n else 0
     first = np.full(groups, n, np.int64)
     np.minimum.at(first, code, np.arange(n))
-    out = pd.DataFrame({k: np.asarray(v, dtype=object)[first] for k, v in keys.items()})
+    out = pd.DataFrame({k: texts[first] if c is None else texts[c[first]] for k, (c, texts) in shown.items()})
     for k, v in sums.items():
         out[k] = np.bincount(code, weights=v, minlength=groups) if v.dtype.kind == "f" else \
             np.bincount(code, weights=v, minlength=groups).round().astype(np.int64)

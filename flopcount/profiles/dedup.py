@@ -261,14 +261,12 @@ def analyze(prof: Profile, naive: bool = False) -> Analysis:
     ops["gpu_s"] = ops["gpu_ns"] / 1e9
     ops = ops.drop(columns=["gpu_ns"])
     ops["family"] = [formulas.op_family(o) for o in ops["op"]]
-    phase_names = PHASES[phase] if n else np.zeros(0, object)
-    range_names = packets[name_codes] if n else np.zeros(0, object)  # aten ops by packet, as everywhere
     owner = np.where(in_range, np.where(op_of[np.maximum(inner, 0)] >= 0, op_of[np.maximum(inner, 0)], inner), -1) \
         if len(k) and n else np.full(len(k), -1)
     inductor, time_rows, time_shares = compiled.account(
-        names=range_names, phases=phase_names, is_op=is_op, flops=flops, status=status,
-        region=compiled.region_of(range_names, parent, by_level), kernels=k, kdur=kdur, owner=owner,
-        cpu_times=prof.cpu_times, start=start, end=end, tids=r["tid"].to_numpy(np.int64))
+        names=packets, name_codes=name_codes, phases=PHASES, phase_codes=phase, is_op=is_op, flops=flops,
+        status=status, region=compiled.region_of(packets, parent, by_level, codes=name_codes), kernels=k, kdur=kdur,
+        owner=owner, cpu_times=prof.cpu_times, start=start, end=end, tids=r["tid"].to_numpy(np.int64))
     if len(inductor):
         extra = inductor.groupby(["kernel", "phase"], sort=False)[["flops", "calls", "gpu_s"]].sum().reset_index()
         ops = pd.concat([ops, pd.DataFrame({
@@ -310,16 +308,22 @@ def analyze(prof: Profile, naive: bool = False) -> Analysis:
                     inductor=inductor, time_rows=time_rows, time_shares=time_shares,
                     kernel_ops=pd.DataFrame({
                         "start": k["start"].to_numpy(np.int64), "name": _texts(k["name"]),
-                        "owner": owner, "op": _texts(np.where(owner >= 0, packets[name_codes[np.maximum(owner, 0)]],
-                                                              "") if len(k) else np.zeros(0, object)),
-                        "phase": _texts(np.where(owner >= 0, phase_names[np.maximum(owner, 0)], "") if len(k)
-                                        else np.zeros(0, object)),
+                        "owner": owner, "op": _owners(packets, name_codes, owner),
+                        "phase": _owners(PHASES, phase, owner),
                         "flops": np.where((owner >= 0) & is_op[np.maximum(owner, 0)], flops[np.maximum(owner, 0)], -1)
                         if len(k) else np.zeros(0, np.int64),
-                        "status": _texts(np.where(owner >= 0, STATUS[status][np.maximum(owner, 0)], "") if len(k)
-                                         else np.zeros(0, object)),
+                        "status": _owners(STATUS, status, owner),
                         "inductor_flop": k["kernel_flop"].to_numpy(np.float64) if "kernel_flop" in k
                         else np.full(len(k), np.nan)}))
+
+
+def _owners(texts, codes, owner) -> pd.Series:
+    """Per kernel, the text of its owner's code (``texts[codes[owner]]``), ``""`` where it has none: one gather
+    of the kernels' codes, not of a text per range."""
+    if not len(owner):
+        return _texts(np.zeros(0, object))
+    return _texts(np.append(np.asarray(texts, dtype=object), "")[np.where(owner >= 0, codes[np.maximum(owner, 0)],
+                                                                            len(texts))])
 
 
 def _same_times(path, same: int, n: int, notes: list, priced: bool) -> None:
@@ -351,7 +355,7 @@ def _kernel_groups(k, kdur, inner, in_range, op_of, is_op, flops) -> pd.DataFram
     kflops[owner[counted]] = flops[counted]
     # grouped by integer codes in the order groups first appear (groupby's sort=False), without building a frame of
     # every kernel's name: a text column of a million rows costs pandas more than the grouping
-    names, kinds = pd.factorize(np.asarray(k["name"], dtype=object)) if n else (np.zeros(0, np.int64), [])
+    names, kinds = _name_codes(k["name"]) if n else (np.zeros(0, np.int64), [])
     key = ((device + 1) * (int(stream.max()) + 2 if n else 1) + stream + 1) * max(len(kinds), 1) + names
     code, _ = pd.factorize(key) if n else (np.zeros(0, np.int64), None)
     groups = int(code.max()) + 1 if n else 0
@@ -362,6 +366,16 @@ def _kernel_groups(k, kdur, inner, in_range, op_of, is_op, flops) -> pd.DataFram
                          "kernels": np.bincount(code, minlength=groups).astype(np.int64),
                          "gpu_s": np.bincount(code, weights=kdur / 1e9, minlength=groups),
                          "flops": np.bincount(code, weights=kflops, minlength=groups)})
+
+
+def _name_codes(names):
+    """(code per row, distinct names) of a column of kernel names: a categorical's own codes where every row has a
+    name (no hashing of a million texts), else by factorizing the texts."""
+    if isinstance(names.dtype, pd.CategoricalDtype):
+        codes = names.cat.codes.to_numpy()
+        if not len(codes) or codes.min() >= 0:
+            return codes.astype(np.int64), np.asarray(names.cat.categories, dtype=object)
+    return pd.factorize(np.asarray(names, dtype=object))
 
 
 def _texts(values) -> pd.Series:
