@@ -95,6 +95,7 @@ def main(argv=None) -> int:
 def _main(argv) -> int:
     try:
         args = build_parser().parse_args(argv)
+        args.whole_process = argv is None  # the program itself, not a caller of main(): process-wide settings may change
         _check_hf_source(getattr(args, "model", None))
         code = importlib.import_module(f"{__package__}.{COMMANDS[args.command]}").run(args)
         sys.stdout.flush()  # a full disk or a closed pipe shows here, while it can still be said in one line

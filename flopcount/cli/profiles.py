@@ -91,7 +91,8 @@ def run(args) -> int:
         return _by_kernels(args, a) if args.by in KERNEL_KEYS else _print(args, a, "trace")
     if args.module_ranges is not None and args.by != "module":
         raise UsageError("--module-ranges applies to --by module")
-    _keep_freed_memory()
+    if getattr(args, "whole_process", False):  # never in a caller's process (tests, a notebook calling main())
+        _keep_freed_memory()
     if args.by in KERNEL_KEYS:
         from flopcount.profiles import analyze, load_nsys
 
