@@ -9,15 +9,16 @@ wall and CPU time (its own, and its worker processes' as each reports it, import
 one process (``--workers 1``, the peer: the single-file reader run rank after rank), and the largest peak RSS of a
 worker that read a rank (its VmHWM while it read, ``ranks.peak_resident_bytes``: one process's own, a pool's or
 Dask's workers'; not ``ru_maxrss``, which a process started by exec inherits from its parent). The reports'
-``ranks``, ``job`` and ``stragglers`` are checked equal across the modes (PASS/FAIL).
+``ranks``, ``job`` and ``stragglers`` are checked equal across the modes (PASS/FAIL; the exit code is 1 when
+they differ).
 
 Memory against the bound. A worker's reading memory is how far its peak RSS rose above its RSS before its first rank
 (its imports left out; ``Job.worker_growth_bytes``); the bound is 0.7x the parsed size of the trace it reads, the
 parsed size being the RSS that ``json.load``'s result holds once loaded (measured once, in a fresh process, on one
 rank's file, as benchmarks/kineto_parse.py measures it). The largest growth of any worker, its ratio to the parsed
-size, and whether every mode stays within the bound are printed. ``--source`` picks the trace copied (a fixture's
-name in tests/fixtures/kineto, or a path): the default is small, and a bigger one makes the reading's memory stand
-out of the allocator's noise.
+size, and whether every mode stays within the bound are printed (PASS/FAIL: a target, not the exit code).
+``--source`` picks the trace copied (a fixture's name in tests/fixtures/kineto, or a path): the default is small, and
+a bigger one makes the reading's memory stand out of the allocator's noise.
 
     python benchmarks/job_read.py [--ranks 64] [--runs 3] [--skew 37] [--no-dask] [--source NAME_OR_PATH]
 """
@@ -163,8 +164,9 @@ def main(argv=None) -> int:
     reports = [json.dumps(r["report"], sort_keys=True) for rs in results.values() for r in rs]
     same = len(set(reports)) == 1
     print("PASS" if same else "FAIL", "(ranks, job and stragglers equal across every mode and run)")
+    # the memory bound is a target, printed as met or not; a run whose modes disagree is wrong, and fails
     print("PASS" if within else "FAIL", f"(every worker's reading memory within {BOUND}x the parsed size of its trace)")
-    return 0 if same and within else 1
+    return 0 if same else 1
 
 
 def parsed_size(path: str) -> int:
