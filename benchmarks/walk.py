@@ -36,7 +36,7 @@ def walk():
     import flopcount
 
     sys.path.insert(0, os.path.join(ROOT, "tests"))
-    from test_import_graph import _layer
+    from test_import_graph import layer_of
 
     package = os.path.dirname(os.path.abspath(flopcount.__file__)) + os.sep
 
@@ -70,7 +70,7 @@ def walk():
         flopcount.utilization(model, x, peak=1e9, steps=1, warmup=0)
     finally:
         sys.setprofile(None)
-    climbs = {s for s in stops if _layer(s[2]) > _layer(s[0])}
+    climbs = {s for s in stops if layer_of(s[2]) > layer_of(s[0])}
     return stops, climbs
 
 

@@ -145,7 +145,8 @@ LAYERS = [
 ]
 
 
-def _layer(module: str) -> int:
+def layer_of(module: str) -> int:
+    """The index in LAYERS of the layer a module belongs to (its longest matching prefix), or None."""
     best, found = -1, None
     for i, (_, prefixes) in enumerate(LAYERS):
         for p in prefixes:
@@ -156,13 +157,13 @@ def _layer(module: str) -> int:
 
 def test_every_module_has_a_layer():
     edges, _ = _graph()
-    assert [m for m in edges if _layer(m) is None] == []
+    assert [m for m in edges if layer_of(m) is None] == []
 
 
 def test_no_module_imports_a_layer_above_its_own():
     edges, _ = _graph()
-    up = sorted(f"{m} ({LAYERS[_layer(m)][0]}) -> {d} ({LAYERS[_layer(d)][0]})"
-                for m, deps in edges.items() for d in deps if _layer(d) > _layer(m))
+    up = sorted(f"{m} ({LAYERS[layer_of(m)][0]}) -> {d} ({LAYERS[layer_of(d)][0]})"
+                for m, deps in edges.items() for d in deps if layer_of(d) > layer_of(m))
     assert up == []
 
 
