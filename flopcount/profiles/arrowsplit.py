@@ -4,10 +4,11 @@ row and without a regular expression on the rows PyTorch writes.
 The rows PyTorch writes have one layout (see markers.py): ``NAME[, seq = N][, op_id = M][, sizes = S]
 [, input_op_ids = I]``. The regular expressions of :func:`split_regex` define the split for any text: the name
 runs to the first keyword (or the end), seq is the first ``, seq = `` followed by 1-18 digits and a comma or the
-end, sizes run from the first ``, sizes = `` to the next ``, input_op_ids = `` (or the end). Each of those is a
-first occurrence, which Arrow's substring search finds for a whole batch at once; a row is left to the regular
-expressions only where a first occurrence does not settle it (a name with ``", "`` in it, a ``, seq = `` not
-followed by digits, an input-ids keyword before the sizes), so every row splits the same way either path takes.
+end, sizes run from the first ``, sizes = `` to the next ``, input_op_ids = `` (or the end). The scan walks each
+row by its "=" bytes (every keyword has one, and nothing else PyTorch writes does) and settles the rows whose every
+"=" is a keyword met in that layout; any other row (a name with "=" in it, keywords out of order or repeated, a
+``, seq = `` not followed by digits) is left to the regular expressions, so every row splits the same way either
+path takes.
 
 Names and sizes are then dictionary-encoded as string views into the batch's own buffer (no copy of the text), a
 profile having hundreds of op names and a few thousand sizes among millions of ranges. Where this pyarrow cannot
@@ -24,12 +25,11 @@ _NAME_RE = r"(?s)^(?P<name>.*?)(?:, seq = |, op_id = |, sizes = |, input_op_ids 
 _SEQ_RE = r", seq = (?P<seq>\d{1,18})(?:,|$)"
 _SIZES_RE = r"(?s), sizes = (?P<sizes>.*?)(?:, input_op_ids = |$)"
 
-_SEQ_KW, _SIZES_KW, _INPUT_KW = ", seq = ", ", sizes = ", ", input_op_ids = "
+_SEQ_KW, _OP_ID_KW, _SIZES_KW, _INPUT_KW = b", seq = ", b", op_id = ", b", sizes = ", b", input_op_ids = "
+_KEYWORDS = (_SEQ_KW, _OP_ID_KW, _SIZES_KW, _INPUT_KW)  # in the order PyTorch writes them
+_OFFSETS = np.array([w.index(b"=") for w in _KEYWORDS], np.int64)  # from a keyword's first byte to its "="
 _PAD = 24  # bytes readable past either end of a buffer, so a gather never needs a bounds check
 _MAX_DIGITS = 18
-# the keywords a name can end at: (first eight bytes as a little-endian word, the rest, length)
-_ENDS = [(int.from_bytes(w[:8].ljust(8, b"\0"), "little"), w[8:], len(w))
-         for w in (b", seq = ", b", op_id = ", b", sizes = ", b", input_op_ids = ")]
 _INLINE = np.arange(12) < np.arange(13)[:, None]  # the bytes a view of each length holds inline (row 4: a prefix)
 
 
@@ -73,75 +73,82 @@ def _windows(data: np.ndarray):
 
 def _scan(text):
     """(row starts, name ends, seq, sizes start and stop, rows the scan cannot settle, the byte views) of a batch;
-    positions are into the batch's data buffer."""
-    import pyarrow.compute as pc
+    positions are into the batch's data buffer.
 
+    Every keyword holds one "=", followed by a space, and nothing else in PyTorch's rows holds one (names are op
+    names, sizes and input ids lists of integers). So each "=" of the batch is read as the keyword whose bytes end
+    there, at once for all of them; a row is settled when every "=" in it is a keyword's, the keywords come in the
+    layout's order, and a seq is 1-18 digits up to the next keyword or the row's end. Then no other keyword is
+    anywhere in the row for a first occurrence to fall on (two keywords cannot share their "="), and the split is
+    the regular expressions'. Any other row is left to them."""
     n = len(text)
     bufs = text.buffers()
     off = np.frombuffer(bufs[1], np.int32)[text.offset:text.offset + n + 1].astype(np.int64)
     data = np.frombuffer(bufs[2], np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
     grid = _windows(data)
-    rows_of, w8, w2 = grid
+    rows_of, w8, _ = grid
     lo, hi = off[:-1], off[1:]
+    eq = np.flatnonzero(data[off[0]:off[-1]] == ord("=")) + off[0]
+    n_eq = np.searchsorted(eq, hi) - np.searchsorted(eq, lo)
+    row = np.repeat(np.arange(n), n_eq)  # the row of each "="
 
-    def find(word):
-        at = pc.find_substring(text, word).to_numpy(zero_copy_only=False).astype(np.int64)
-        return np.where(at >= 0, lo + at, -1)
+    # each "=" as a keyword (-1: none), by the eight bytes before it, and the space after it
+    before = w8[eq - 8 + _PAD]
+    kind = np.full(len(eq), -1, np.int8)
+    for k, word in enumerate(_KEYWORDS):
+        d = word.index(b"=")
+        if d >= 8:
+            hit = before == _word(word[d - 8:d])
+            if d > 8:  # the input ids keyword: its first bytes, up to the eight above
+                at = np.flatnonzero(hit)
+                hit[at] = (w8[eq[at] - 16 + _PAD] >> np.uint64(8 * (16 - d))) == _word(word[:d - 8])
+        else:
+            hit = (before >> np.uint64(8 * (8 - d))) == _word(word[:d])
+        kind[hit] = k
+    follows = rows_of[eq + 1 + _PAD][:, 0] == ord(" ")
+    kind[~follows | (eq + 2 > hi[row])] = -1
+    begin = eq - _OFFSETS[np.maximum(kind, 0)]  # the keyword's first byte
+    # where each keyword's value stops: the next keyword of its row, or the row's end
+    last = np.ones(len(eq), bool)
+    last[:-1] = row[1:] != row[:-1]
+    stop = np.where(last, hi[row], np.append(begin[1:], 0))
 
-    # every keyword begins with ", ": the name ends at the first one, where a keyword begins there
-    name_end = find(", ")
-    comma = np.flatnonzero(name_end >= 0)
-    c = name_end[comma]
-    word = w8[c + _PAD]
-    ends = np.zeros(len(c), bool)
-    for head, rest, length in _ENDS:
-        at = np.flatnonzero(word == np.uint64(head))
-        hit = c[at] + length <= hi[comma[at]]
-        for i in range(0, len(rest), 2):  # the bytes past the first eight, two at a time (or one)
-            piece = rest[i:i + 2]
-            got = w2[c[at] + 8 + i + _PAD] if len(piece) == 2 else rows_of[c[at] + 8 + i + _PAD][:, 0]
-            hit &= got == int.from_bytes(piece, "little")
-        ends[at] = hit
-    bad = np.zeros(n, bool)
-    bad[comma[~ends]] = True
-    name_end[name_end < 0] = hi[name_end < 0]
+    wrong = kind < 0
+    wrong[1:] |= ~last[:-1] & (kind[1:] <= kind[:-1])  # out of order, or repeated
+    first = np.ones(len(eq), bool)
+    first[1:] = last[:-1]
+    wrong |= first & (begin < lo[row])  # a keyword reaching back into the row before
 
     seq = np.full(n, -1, np.int64)
-    at = find(_SEQ_KW)
-    has = np.flatnonzero(at >= 0)
-    if len(has):
-        a = at[has] + len(_SEQ_KW)
-        digits = rows_of[a + _PAD][:, :_MAX_DIGITS + 1] - np.uint8(ord("0"))
-        other = digits > 9
-        run = np.where(other.any(1), other.argmax(1), _MAX_DIGITS + 1)
-        run = np.minimum(run, hi[has] - a)  # the digit run, cut at the row's end (the next row's bytes follow)
-        after = rows_of[a + run.clip(0, _MAX_DIGITS) + _PAD][:, 0]
-        good = (run >= 1) & (run <= _MAX_DIGITS) & ((a + run == hi[has]) | (after == ord(",")))
-        value = np.zeros(len(has), np.int64)
-        for d in range(int(run[good].max()) if good.any() else 0):
-            inside = d < run
-            value = np.where(inside, value * 10 + digits[:, d], value)
-        seq[has[good]] = value[good]
-        bad[has[~good]] = True
+    at = np.flatnonzero(kind == 0)
+    a = eq[at] + 2
+    length = stop[at] - a
+    digits = rows_of[a + _PAD][:, :_MAX_DIGITS] - np.uint8(ord("0"))
+    other = digits > 9
+    run = np.where(other.any(1), other.argmax(1), _MAX_DIGITS)
+    good = (length >= 1) & (length <= _MAX_DIGITS) & (run >= length)
+    wrong[at[~good]] = True
+    value = np.zeros(len(at), np.int64)
+    for d in range(int(length[good].max()) if good.any() else 0):
+        value = np.where(d < length, value * 10 + digits[:, d], value)
+    seq[row[at[good]]] = value[good]
 
-    s0 = find(_SIZES_KW)
-    has = np.flatnonzero(s0 >= 0)
-    s0[has] += len(_SIZES_KW)
+    bad = np.bincount(row[wrong], minlength=n) > 0
+    name_end = hi.copy()
+    name_end[row[first]] = begin[first]
+    name_end[bad] = hi[bad]  # a keyword reaching back may start before its row: the regex path names those
+    s0 = np.full(n, -1, np.int64)
     s1 = np.full(n, -1, np.int64)
-    s1[has] = hi[has]
-    # the input ids keyword holds an "=", which sizes never do: only a sizes part with one needs the search
-    cut = has[:0]
-    if len(has):
-        eq = np.flatnonzero(data[off[0]:off[-1]] == ord("=")) + off[0]
-        last = np.searchsorted(eq, hi[has]) - 1  # the sizes keyword's own "=" is there: last >= 0
-        cut = has[eq[last] >= s0[has]]
-    if len(cut):
-        inp = find(_INPUT_KW)[cut]
-        after = inp >= s0[cut]
-        s1[cut[after]] = inp[after]
-        bad[cut[(inp >= 0) & ~after]] = True  # an input keyword before the sizes: the next one may follow them
+    at = np.flatnonzero(kind == 2)
+    s0[row[at]] = eq[at] + 2
+    s1[row[at]] = stop[at]
     s0[bad] = -1
     return lo, name_end, seq, s0, s1, bad, grid
+
+
+def _word(b: bytes) -> np.uint64:
+    """Up to eight bytes as the little-endian word whose low bytes they are."""
+    return np.uint64(int.from_bytes(b, "little"))
 
 
 @lru_cache(maxsize=None)

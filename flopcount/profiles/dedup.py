@@ -53,20 +53,40 @@ class Analysis:
     path: str = ""
     devices: list = field(default_factory=list)  # GPU names (a torch.profiler trace's deviceProperties)
     time_source: str = "device"  # "cpu" where the profile has no device activity (op time = CPU time)
-    op_ranges: Optional[pd.DataFrame] = None  # one row per op call: start, end, tid, op, phase, flops, status
-    # kernels per (device, stream, kernel name): count, device seconds, and the FLOPs of the ops whose kernels ran
-    # there (an op's FLOPs go to the device and stream of its last kernel); -1 where the profile does not say
-    kernel_groups: Optional[pd.DataFrame] = None
     # kernels that carry Inductor's own kernel_flop: per (kernel, phase, compiled region), counted from those
     inductor: Optional[pd.DataFrame] = None
     # where the device time (CPU time without device activity) went: per (what, phase, status) calls, kernels,
     # seconds and share, status counted / zero / uncounted (compiled.account); and the share per status
     time_rows: Optional[pd.DataFrame] = None
     time_shares: dict = field(default_factory=dict)
-    # per kernel: start (ns), name, the op or range it is charged to (``owner``, -1: none), that range's name,
-    # phase and FLOPs (-1: not known); the Inductor peer's comparison joins on start and name
-    kernel_ops: Optional[pd.DataFrame] = None
     schema_name: str = ""  # a torch.profiler trace's schema in words ("" for an Nsight export)
+    # the per-call and per-kernel tables below, each built on first use from what the analysis had at hand: each is a
+    # pass over every op or kernel (a tenth of a second at a million), and most reports read none of them
+    later: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def _table(self, name: str) -> Optional[pd.DataFrame]:
+        value = self.later.get(name)
+        if callable(value):
+            value = self.later[name] = value()
+        return value
+
+    @property
+    def op_ranges(self) -> Optional[pd.DataFrame]:
+        """One row per op call: ``row`` (its range in the profile), start, end, tid, op, phase, flops, status."""
+        return self._table("op_ranges")
+
+    @property
+    def kernel_groups(self) -> Optional[pd.DataFrame]:
+        """Kernels per (device, stream, kernel name): count, device seconds, and the FLOPs of the ops whose kernels
+        ran there (an op's FLOPs go to the device and stream of its last kernel); -1 where the profile does not
+        say."""
+        return self._table("kernel_groups")
+
+    @property
+    def kernel_ops(self) -> Optional[pd.DataFrame]:
+        """Per kernel: start (ns), name, the op or range it is charged to (``owner``, -1: none), that range's name,
+        phase and FLOPs (-1: not known); the Inductor peer's comparison joins on start and name."""
+        return self._table("kernel_ops")
 
     def uncounted_time(self) -> pd.DataFrame:
         """The time whose FLOPs are not known, by what ran it: op, extension op, compiled region, annotation."""
@@ -295,26 +315,26 @@ def analyze(prof: Profile, naive: bool = False) -> Analysis:
     report = None
     if has_shapes:
         report = _report(packets, name_codes, phase, is_op, flops, status, naive_flops, naive, prof, notes, inductor)
-    # ``row``: the op's row in the profile's ranges (its marker's sizes; the ``owner`` of its kernels)
-    op_ranges = pd.DataFrame({"row": np.flatnonzero(is_op), "start": start[is_op], "end": end[is_op],
-                              "tid": r["tid"].to_numpy(np.int64)[is_op],
-                              "op": _texts(packets[name_codes[is_op]]), "phase": _texts(PHASES[phase[is_op]]),
-                              "flops": np.maximum(flops[is_op], 0), "status": _texts(STATUS[status[is_op]])})
+    tid = r["tid"].to_numpy(np.int64)
+    later = {
+        "op_ranges": lambda: pd.DataFrame({
+            "row": np.flatnonzero(is_op), "start": start[is_op], "end": end[is_op], "tid": tid[is_op],
+            "op": _texts(packets[name_codes[is_op]]), "phase": _texts(PHASES[phase[is_op]]),
+            "flops": np.maximum(flops[is_op], 0), "status": _texts(STATUS[status[is_op]])}),
+        "kernel_groups": lambda: _kernel_groups(k, kdur, inner, in_range, op_of, is_op, flops),
+        "kernel_ops": lambda: pd.DataFrame({
+            "start": k["start"].to_numpy(np.int64), "name": _texts(k["name"]),
+            "owner": owner, "op": _owners(packets, name_codes, owner), "phase": _owners(PHASES, phase, owner),
+            "flops": np.where((owner >= 0) & is_op[np.maximum(owner, 0)], flops[np.maximum(owner, 0)], -1)
+            if len(k) else np.zeros(0, np.int64),
+            "status": _owners(STATUS, status, owner),
+            "inductor_flop": k["kernel_flop"].to_numpy(np.float64) if "kernel_flop" in k
+            else np.full(len(k), np.nan)})}
     return Analysis(ops=ops, report=report, has_shapes=has_shapes, kernels=len(k), kernels_unlaunched=unl,
                     kernels_outside_ranges=outside, ranges=n, notes=notes, path=prof.path,
                     devices=list(prof.devices), time_source="cpu" if prof.cpu_times else "device",
-                    op_ranges=op_ranges, schema_name=prof.schema_name,
-                    kernel_groups=_kernel_groups(k, kdur, inner, in_range, op_of, is_op, flops),
-                    inductor=inductor, time_rows=time_rows, time_shares=time_shares,
-                    kernel_ops=pd.DataFrame({
-                        "start": k["start"].to_numpy(np.int64), "name": _texts(k["name"]),
-                        "owner": owner, "op": _owners(packets, name_codes, owner),
-                        "phase": _owners(PHASES, phase, owner),
-                        "flops": np.where((owner >= 0) & is_op[np.maximum(owner, 0)], flops[np.maximum(owner, 0)], -1)
-                        if len(k) else np.zeros(0, np.int64),
-                        "status": _owners(STATUS, status, owner),
-                        "inductor_flop": k["kernel_flop"].to_numpy(np.float64) if "kernel_flop" in k
-                        else np.full(len(k), np.nan)}))
+                    schema_name=prof.schema_name, inductor=inductor, time_rows=time_rows, time_shares=time_shares,
+                    later=later)
 
 
 def _owners(texts, codes, owner) -> pd.Series:
