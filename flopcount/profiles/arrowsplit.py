@@ -61,14 +61,13 @@ def split_arrow(text):
 
 def _windows(data: np.ndarray):
     """Views of ``data`` (padded) where element ``x + _PAD`` is the bytes from ``x`` on: as rows of _PAD bytes,
-    as a little-endian 8-byte word, as a 2-byte word."""
+    as a little-endian 8-byte word, as the byte itself."""
     padded = np.zeros(len(data) + 3 * _PAD, np.uint8)
     padded[_PAD:_PAD + len(data)] = data
     n = len(data) + 2 * _PAD + 1  # a keyword found at the end still has its whole length readable
     rows = as_strided(padded, shape=(n, _PAD), strides=(1, 1), writeable=False)
     w8 = np.ndarray(shape=(n,), dtype="<u8", buffer=padded, strides=(1,))
-    w2 = np.ndarray(shape=(n,), dtype="<u2", buffer=padded, strides=(1,))
-    return rows, w8, w2
+    return rows, w8, padded
 
 
 def _scan(text):
@@ -86,10 +85,10 @@ def _scan(text):
     off = np.frombuffer(bufs[1], np.int32)[text.offset:text.offset + n + 1].astype(np.int64)
     data = np.frombuffer(bufs[2], np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
     grid = _windows(data)
-    rows_of, w8, _ = grid
+    rows_of, w8, byte = grid
     lo, hi = off[:-1], off[1:]
     eq = np.flatnonzero(data[off[0]:off[-1]] == ord("=")) + off[0]
-    n_eq = np.searchsorted(eq, hi) - np.searchsorted(eq, lo)
+    n_eq = np.diff(np.searchsorted(eq, off))  # rows are contiguous: one row's end is the next one's start
     row = np.repeat(np.arange(n), n_eq)  # the row of each "="
 
     # each "=" as a keyword (-1: none), by the eight bytes before it, and the space after it
@@ -105,7 +104,7 @@ def _scan(text):
         else:
             hit = (before >> np.uint64(8 * (8 - d))) == _word(word[:d])
         kind[hit] = k
-    follows = rows_of[eq + 1 + _PAD][:, 0] == ord(" ")
+    follows = byte[eq + 1 + _PAD] == ord(" ")
     kind[~follows | (eq + 2 > hi[row])] = -1
     begin = eq - _OFFSETS[np.maximum(kind, 0)]  # the keyword's first byte
     # where each keyword's value stops: the next keyword of its row, or the row's end
