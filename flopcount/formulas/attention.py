@@ -99,8 +99,8 @@ def _halved(formula: Callable) -> Callable:
 
 
 def causal_halved() -> Dict[str, Callable]:
-    """``{op: formula}`` for every attention op this module registers, charging a causal call half its square (the Megatron
-    and MaxText convention; see the module docstring): one count's own formulas (``per_count.applied``)."""
+    """``{op: formula}`` for every attention op this module registers, charging a causal call half its square (the
+    Megatron and MaxText convention; see the module docstring): one count's own formulas (``per_count.applied``)."""
     return {name: _halved(fn) for name, fn in FLOP_FORMULAS.items() if SOURCE.get(name) == __name__}
 
 
