@@ -219,3 +219,18 @@ def test_the_readme_table_closed_forms_are_the_code_s():
 def test_the_readme_table_is_what_the_code_computes_now():
     bench = _bench()
     assert bench.readme_block((ROOT / "README.md").read_text(encoding="utf-8")) == bench.table(bench.compute())
+
+
+def test_infer_prefill_both_decode_one(capsys):
+    """llama-gqa-tiny (2 layers, 8 query heads of 8), a prompt of 16: the prefill's causal attention loses half its
+    square, 2 x 8 x 128 scores x (2E + 2Ev + 5 + 1 = 38) FLOPs; a decode step's single query is not causal."""
+    code, out, err = run_cli(capsys, "infer", f"hf:{ROOT / 'tests' / 'fixtures' / 'hf' / 'llama-gqa-tiny'}",
+                             "--prompt", "16", "--new", "2", "--device-spec", "H100 SXM", "--measured-ttft", "0.01",
+                             "--measured-tokens-per-s", "100", "--causal", "half", "--format", "json")
+    assert code == 0, err
+    phases = json.loads(out)["roofline"]["phases"]
+    pre, dec = phases["prefill"], phases["decode"]
+    removed = 2 * 8 * (16 * 16 // 2) * 38
+    assert pre["causal_convention"] == "half" and pre["mfu"] == pre["mfu_causal_half"]
+    assert pre["mfu_causal_half"] / pre["mfu_causal_full"] == pytest.approx((pre["flops"] - removed) / pre["flops"])
+    assert not dec["causal_attention"] and dec["mfu_causal_full"] == dec["mfu_causal_half"] == dec["mfu"]
