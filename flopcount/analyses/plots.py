@@ -345,6 +345,6 @@ def plot_job(job, path: str) -> str:
     ax.set_ylabel("rank")
     ax.invert_yaxis()
     mfu = job.job.get("mfu")
-    ax.set_title(f"{len(r)} ranks" + (f", job MFU {100 * mfu:.2f}%" if mfu is not None else ""))
+    ax.set_title(f"{len(r)} ranks" + (f", job MFU {100 * mfu:.2f}% (causal square in full)" if mfu is not None else ""))
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     return _save(fig, path, plt)

@@ -20,6 +20,7 @@ from typing import Dict, List, Optional
 
 import torch
 
+from flopcount.analyses import causal as causal_
 from flopcount.device import cpu_probe, peak_policy
 from flopcount import distributed
 from flopcount.model import step as steps_
@@ -71,6 +72,15 @@ class Utilization:
     # the HFU: what the device executed.
     model_flops_per_step: float = 0.0
     mfu: float = 0.0
+    # a causal attention's square in both conventions (``analyses/causal.py``): ``mfu`` and
+    # ``model_flops_per_step`` are the leading one's (``causal_convention``), the full and halved MFUs beside
+    # them, and the model FLOPs per step the halved convention does not charge; the two agree where
+    # ``causal_attention`` is False
+    mfu_causal_full: float = 0.0
+    mfu_causal_half: float = 0.0
+    causal_convention: str = causal_.DEFAULT
+    causal_attention: bool = False
+    causal_half_removed_flops: float = 0.0
     hfu: float = 0.0
     tokens_per_step: Optional[float] = None
     tokens_per_second: Optional[float] = None
@@ -98,6 +108,7 @@ class _Setup:
     loss_fn: object
     peak: object
     device_spec: object
+    causal: str
     model_name: str
     input_shape: object
     seq_len: object
@@ -113,6 +124,10 @@ class _Setup:
         if self.autocast is None:
             return nullcontext()
         return torch.autocast(device_type=self.dev.type, dtype=self.autocast)
+
+    def removed(self, report: FlopReport, count) -> float:
+        """The model FLOPs of ``report`` (``count()``'s answer) that the halved causal convention does not charge."""
+        return causal_.model_removed(causal_.removed(report, count))
 
     def count(self, inputs, loss) -> FlopReport:
         """The dispatch count of the step that is timed (``loss``: the step's own): on meta tensors (the engine
@@ -142,12 +157,14 @@ class _Tally:
     mix: Dict[str, float] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
     tokens: float = 0.0
+    removed: float = 0.0  # model FLOPs the halved causal convention does not charge
     # the part of the batch this rank stands for: 1 / the ranks that run the same batch (a tensor-parallel group),
     # so that samples and tokens summed over ranks count each batch once
     batch_share: float = 1.0
 
-    def add(self, report: FlopReport, tf32, weight: float = 1.0, tokens: int = 0) -> None:
+    def add(self, report: FlopReport, tf32, weight: float = 1.0, tokens: int = 0, removed: float = 0.0) -> None:
         self.tokens += weight * tokens
+        self.removed += weight * removed
         for p in report.phases:
             self.phases[p] = self.phases.get(p, 0.0) + weight * report.total(p)
         self.nbytes += weight * report.total_bytes()
@@ -167,7 +184,7 @@ class _Tally:
 def utilization(model, batch, *, device=None, dtype=None, steps: int = 5, warmup: int = 2, peak=None,
                 device_spec=None, scope: str = "batch", loader=None, loss_fn=None, optimizer=None, target=None,
                 autocast=None, input_shape=None, seq_len=None, model_name: str = "", clock=None,
-                cuda=None) -> Utilization:
+                cuda=None, causal: str = causal_.DEFAULT) -> Utilization:
     """Measure the utilization of ``model``'s training step (forward, loss, backward, optimizer step).
 
     The model is trained for the warm-up and timed steps (SGD lr=0.01 unless ``optimizer`` is given): pass a copy
@@ -176,13 +193,15 @@ def utilization(model, batch, *, device=None, dtype=None, steps: int = 5, warmup
     ``scope``: "one" (a batch of one sample), "batch", or "epoch" (every batch of ``loader``, or of a synthetic
     loader of 4 batches; total FLOPs over total time). ``peak`` (FLOP/s) or ``device_spec`` (a name from
     ``flopcount peaks``) override the device's own peak. ``seq_len`` with an int batch gives a language model
-    token ids of that length: the result then has tokens per second, MFU and HFU per token.
+    token ids of that length: the result then has tokens per second, MFU and HFU per token. ``causal``: the
+    convention of a causal attention's square that leads the MFU, "full" (PaLM, torchtitan) or "half" (Megatron,
+    MaxText); both are in the result (``analyses/causal.py``).
     """
     if scope not in SCOPES:
         raise UtilizationError(f"unknown scope {scope!r}; use one of {', '.join(SCOPES)}")
     setup = _prepare(model, steps=steps, device=device, dtype=dtype, autocast=autocast, optimizer=optimizer, loss_fn=loss_fn,
                      peak=peak, device_spec=device_spec, model_name=model_name, input_shape=input_shape,
-                     seq_len=seq_len, warmup=warmup, clock=clock, cuda=cuda)
+                     seq_len=seq_len, warmup=warmup, clock=clock, cuda=cuda, causal=causal_.check(causal))
     described = _described_input(setup.inner, batch, model_name, input_shape, seq_len, loader)
     if scope == "epoch":
         return _with_input(_epoch(setup, batch, loader), described)
@@ -194,7 +213,9 @@ def utilization(model, batch, *, device=None, dtype=None, steps: int = 5, warmup
         target = first_sample(target)
     loss = steps_.make_loss(loss_fn, target)
     tally = _Tally(batch_share=1.0 / distributed.ranks_per_batch(setup.inner))
-    tally.add(setup.count(inputs, loss), setup.tf32, tokens=steps_.tokens_of(inputs) * tally.batch_share)
+    report = setup.count(inputs, loss)
+    tally.add(report, setup.tf32, tokens=steps_.tokens_of(inputs) * tally.batch_share,
+              removed=setup.removed(report, lambda: setup.count(inputs, loss)))
     # the peak is settled before any timing: an unknown device fails in a second, not after a minute of steps
     resolved = peak_policy.resolve_peak(tally.mix, device=setup.dev, peak=peak, device_spec=device_spec)
     run = steps_.train_step_fn(model, loss=loss, optimizer=setup.optimizer)
@@ -288,6 +309,7 @@ def _epoch(setup: _Setup, batch, loader) -> Utilization:
                                       clock=setup.clock, cuda=setup.cuda, on_batch=on_batch)
     # Count each distinct batch shape once (the last batch is often smaller) and weigh each by how often it ran.
     counted: Dict[tuple, FlopReport] = {}
+    removed: Dict[tuple, float] = {}
     tally = _Tally()
     n = len(seen)
     for inputs, target in seen:
@@ -295,8 +317,10 @@ def _epoch(setup: _Setup, batch, loader) -> Utilization:
         if key not in counted:
             if setup.autocast is not None:  # counted on the device itself: stand-in values there
                 inputs, target = steps_.random_on(inputs, setup.dev), steps_.random_on(target, setup.dev)
-            counted[key] = setup.count(inputs, steps_.make_loss(setup.loss_fn, target))
-        tally.add(counted[key], setup.tf32, weight=1.0 / n, tokens=steps_.tokens_of(inputs))
+            loss = steps_.make_loss(setup.loss_fn, target)
+            counted[key] = setup.count(inputs, loss)
+            removed[key] = setup.removed(counted[key], lambda: setup.count(inputs, loss))
+        tally.add(counted[key], setup.tf32, weight=1.0 / n, tokens=steps_.tokens_of(inputs), removed=removed[key])
     tally.notes.append(f"epoch: {n} steps, {samples} samples in {seconds:.4g} s (loading and transfer included)")
     return _finish(setup, tally, Measurement([seconds / n], warmup=setup.warmup, clock="epoch / steps"),
                    batch_size=round(samples / n), scope="epoch", steps=n, epoch=True)
@@ -319,15 +343,18 @@ def _finish(setup: _Setup, tally: _Tally, timed: Measurement, *, batch_size: int
     bandwidth = spec.bandwidth if spec is not None and spec.bandwidth else 0.0
     precs = PRECISIONS  # a fixed order, so that every rank's list lines up
     head = [tally.phases[p] for p in names] + [tally.nbytes, peak_flops, bandwidth,
-                                               float(batch_size) * tally.batch_share, 1.0, tally.tokens]
+                                               float(batch_size) * tally.batch_share, 1.0, tally.tokens,
+                                               tally.removed]
     sums = distributed.reduce(head + [float(tally.mix.get(p, 0.0)) for p in precs], "sum")
     mix = {p: v for p, v in zip(precs, sums[len(head):]) if v}
     phases = dict(zip(names, sums[:len(names)]))
-    nbytes, peak_flops, bandwidth, total_batch, ranks, tokens = sums[len(names):len(head)]
+    nbytes, peak_flops, bandwidth, total_batch, ranks, tokens, removed = sums[len(names):len(head)]
     seconds, spread = distributed.reduce([timed.median, timed.iqr], "max")
     ranks = int(round(ranks))
     flops = sum(phases.values())
     model_flops = flops - phases.get("recompute", 0.0)
+    mfu = causal_.CausalMfu.of(model_flops, removed, seconds, peak_flops, setup.causal)
+    lead_flops = model_flops - (removed if mfu.lead == causal_.HALF else 0.0)
     notes = list(tally.notes)
     if seconds <= 0:
         raise UtilizationError("the measured step took no time; the clock cannot resolve it (use more steps)")
@@ -349,9 +376,11 @@ def _finish(setup: _Setup, tally: _Tally, timed: Measurement, *, batch_size: int
         scope=scope, model=setup.model_name or type(setup.inner).__name__, precision_mix=mix,
         steps=steps if steps is not None else timed.runs, warmup=setup.warmup,
         samples_per_second=total_batch / seconds, times=[seconds] if epoch else list(timed.times), notes=notes,
-        model_flops_per_step=model_flops, mfu=model_flops / seconds / peak_flops, hfu=achieved / peak_flops,
+        model_flops_per_step=lead_flops, mfu=mfu.value, hfu=achieved / peak_flops, mfu_causal_full=mfu.full,
+        mfu_causal_half=mfu.half, causal_convention=mfu.lead, causal_attention=mfu.causal,
+        causal_half_removed_flops=removed,
         tokens_per_step=tokens or None, tokens_per_second=tokens / seconds if tokens else None,
-        model_flops_per_token=model_flops / tokens if tokens else None,
+        model_flops_per_token=lead_flops / tokens if tokens else None,
         hardware_flops_per_token=flops / tokens if tokens else None,
     )
 

@@ -189,3 +189,10 @@ def parallel_world(args) -> Optional[dict]:
 
     layout_of(asked)  # refuses --pp/--cp and bad degrees in one line
     return {k: v for k, v in asked.items() if k in ("fsdp", "tp")}
+
+
+def add_causal(p: argparse.ArgumentParser) -> None:
+    """--causal full|half: the convention of a causal attention's square that leads each MFU (both are given)."""
+    p.add_argument("--causal", choices=("full", "half"), default="full",
+                   help="which MFU leads where attention is causal: the square in full (default: what flopcount "
+                        "counts; PaLM, torchtitan) or halved (Megatron, MaxText); both are given")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from flopcount.base.dtypes import CHOICES as DTYPES
-from flopcount.cli.common import (EXIT_OK, add_all, add_format, add_top, natural_int, positive_float, positive_int, print_frame,
+from flopcount.cli.common import (EXIT_OK, add_all, add_causal, add_format, add_top, natural_int, positive_float, positive_int, print_frame,
                    print_json, records, warn)
 
 LEGEND = ("1 multiply-add = 2 FLOPs; k M G T = 1e3 1e6 1e9 1e12; bytes: each op's inputs read and outputs written "
@@ -58,6 +58,7 @@ def add(sub) -> None:
                    help="count every layer (default: a run of identical layers counted once, exact and checked)")
     add_top(p)
     add_all(p)
+    add_causal(p)
     add_format(p)
 
 
@@ -73,7 +74,8 @@ def run(args) -> int:
         result = from_spec(args.model, prompt_len=args.prompt, new_tokens=args.new, batch=args.batch,
                            dtype=args.dtype, device=args.device, device_spec=args.device_spec,
                            as_device=args.as_device, measured_tokens_per_s=args.measured_tokens_per_s,
-                           measured_ttft=args.measured_ttft, runs=args.runs, logits=args.logits, progress=bar)
+                           measured_ttft=args.measured_ttft, runs=args.runs, logits=args.logits, progress=bar,
+                           causal=args.causal)
     gen = result.generation
     timed = None
     if args.device_spec and result.prediction is not None:  # the time model beside the roofline
@@ -230,13 +232,14 @@ def roofline_table(result, width=None, color=None) -> str:
             R.Col("per_token", R.SECONDS, "per token", drop=3), R.Col("tokens_per_second", R.RATE, "tokens/s"),
             R.Col("bound"), R.Col("memory_share", R.SHARE, "mem share", drop=2)]
     if measured:
-        cols += [R.Col("measured", R.RATE, "measured tokens/s"), R.Col("mfu", R.RATIO, "MFU"),
+        cols += [R.Col("measured", R.RATE, "measured tokens/s"), R.Col("mfu", R.RATIO, f"MFU (causal {first.causal})"),
                  R.Col("mbu", R.RATIO, "MBU")]
     notes = ["roofline: the least time on this device (per op, the slower of FLOPs / peak and bytes / bandwidth); "
              "bound: the phase's FLOP/B against the ridge; mem share: of the roofline time, in memory-bound ops"]
     if measured:
         notes.append("MFU: counted FLOPs per measured second over the peak; MBU: bytes per measured second over the "
                      "bandwidth")
+        notes += [f"{name} MFU {p.mfus.label(R.ratio)}" for name, p in pred.phases.items() if p.mfu is not None]
     if result.measured is not None:
         m = result.measured
         parts = [f"{what} {R.seconds(t.median)} (IQR {R.seconds(t.iqr)}, {t.runs} timed)"

@@ -71,7 +71,9 @@ def job_table(job, top=None) -> str:
             R.Col("exposed_communication_s", R.SECONDS, "exposed"), R.Col("idle_s", R.SECONDS, "idle"),
             R.Col("achieved_flops_per_s", R.RATE, "FLOP/s", drop=2), R.Col("mfu_pct", R.AUTO, "MFU %", drop=1)]
     spread = j["spread"]["step_s"]
-    notes = [f"step spread: {R.seconds(spread['min'])} to {R.seconds(spread['max'])}"]
+    notes = [f"step spread: {R.seconds(spread['min'])} to {R.seconds(spread['max'])}",
+             "MFU: a causal attention's square in full, as the trace's ops are priced (PaLM, torchtitan); the halved "
+             "convention (Megatron, MaxText) is not computed from a trace"]
     if j["spread"]["mfu"]["min"] is not None:
         notes[0] += f"; MFU {100 * j['spread']['mfu']['min']:.2f}% to {100 * j['spread']['mfu']['max']:.2f}%"
     if len(job.stragglers):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from flopcount.base.dtypes import CHOICES as DTYPES
-from flopcount.cli.common import (EXIT_OK, add_format, add_model, add_parallel, add_top, output_file, parallel_world, print_frame,
+from flopcount.cli.common import (EXIT_OK, add_causal, add_format, add_model, add_parallel, add_top, output_file, parallel_world, print_frame,
                    print_json, records)
 
 MODES = ("eager", "compiled", "graph")
@@ -30,6 +30,7 @@ def add(sub) -> None:
     p.add_argument("--no-backward", action="store_true", help="forward only")
     add_top(p)
     add_parallel(p)
+    add_causal(p)
     add_format(p)
 
 
@@ -40,7 +41,7 @@ def run(args) -> int:
     pred = from_spec(args.model, args.device_spec, batch=args.batch, dtype=args.dtype, autocast=args.autocast,
                      tf32=args.tf32, input_shape=args.input_shape, num_classes=args.num_classes,
                      seq_len=args.seq_len, world=parallel_world(args), as_device=args.as_device, mode=args.mode,
-                     backward=not args.no_backward)
+                     backward=not args.no_backward, causal=args.causal)
     table = pred.by(args.by)
     if args.format == "json":
         print_json(dict(pred.summary(), by=args.by, groups=records(table.reset_index()), ops=records(pred.ops)))
@@ -60,7 +61,8 @@ def predict_table(pred, table, by: str, top=None, width=None, color=None) -> str
     title = [R.headline(pred.model, batch=pred.batch_size, device=pred.spec.name, mode=pred.mode),
              f"  predicted step {R.seconds(s['seconds'])} (GPU {R.seconds(s['gpu_seconds'])}, host launches "
              f"{R.seconds(s['host_seconds'])} for {s['launches']:,}){'  HOST-BOUND' if s['host_bound'] else ''}"
-             f"  roofline {R.seconds(s['roofline_seconds'])}  predicted MFU {R.ratio(s['mfu'])}"]
+             f"  roofline {R.seconds(s['roofline_seconds'])}",
+             f"  predicted MFU {pred.mfus.label(R.ratio)}"]
     for name, ph in s["phases"].items():
         title.append(f"  {name}: {R.seconds(ph['seconds'])} (GPU {R.seconds(ph['gpu_seconds'])}, host "
                      f"{R.seconds(ph['host_seconds'])}{', host-bound' if ph['host_bound'] else ''})")

@@ -7,7 +7,7 @@ import sys
 from typing import List
 
 from flopcount.base.errors import FlopcountError
-from flopcount.cli.common import (EXIT_OK, add_format, add_model, add_parallel, natural_int, parallel_world, positive_float,
+from flopcount.cli.common import (EXIT_OK, add_causal, add_format, add_model, add_parallel, natural_int, parallel_world, positive_float,
                    positive_int, print_json)
 
 
@@ -25,6 +25,7 @@ def add(sub) -> None:
     p.add_argument("--steps", type=positive_int, default=5, help="timed steps (the median is reported)")
     p.add_argument("--warmup", type=natural_int, default=2, help="untimed warm-up steps")
     add_parallel(p)  # under torchrun: the launched ranks shard the model instead of DDP
+    add_causal(p)
     add_format(p)
 
     p = sub.add_parser("peaks", help="the datasheet peak table, with sources")
@@ -48,7 +49,7 @@ def _utilization(args) -> int:
     u, rank = from_spec(args.model, args.batch or 1, device=args.device, num_classes=args.num_classes,
                         dtype=args.dtype, autocast=args.autocast, steps=args.steps, warmup=args.warmup,
                         peak=args.peak, device_spec=args.device_spec, scope=args.scope, input_shape=args.input_shape,
-                        seq_len=args.seq_len, world=parallel_world(args))
+                        seq_len=args.seq_len, world=parallel_world(args), causal=args.causal)
     if rank != 0:  # under torchrun every rank holds the global figures; one prints them
         return EXIT_OK
     if args.format == "json":
@@ -64,6 +65,12 @@ def _utilization(args) -> int:
     return EXIT_OK
 
 
+def _mfu_label(u, fmt) -> str:
+    from flopcount.analyses.causal import CausalMfu
+
+    return CausalMfu(u.mfu_causal_full, u.mfu_causal_half, u.causal_convention).label(fmt)
+
+
 def lines(u, width=None) -> List[str]:
     """The human-readable summary of a Utilization."""
     from flopcount.cli import render as R
@@ -74,8 +81,8 @@ def lines(u, width=None) -> List[str]:
                if u.scope != "epoch" else f"{R.seconds(u.seconds_per_step)} (one epoch of {u.steps} steps, divided)")
     phases = ", ".join(f"{p} {R.si(v)}" for p, v in u.flops_by_phase.items())
     items = [("utilization", f"{R.ratio(u.utilization)} ({R.share(u.utilization)} of peak)")]
-    if "recompute" in u.flops_by_phase or u.tokens_per_step:
-        items += [("MFU", f"{R.ratio(u.mfu)} (model FLOPs: forward, backward, optimizer)"),
+    if "recompute" in u.flops_by_phase or u.tokens_per_step or u.causal_attention:
+        items += [("MFU", _mfu_label(u, R.ratio) + "; model FLOPs: forward, backward, optimizer"),
                   ("HFU", f"{R.ratio(u.hfu)} (hardware FLOPs: the model's and the recomputed forward)")]
     if u.tokens_per_step:
         items += [("tokens per second", f"{R.si(u.tokens_per_second)} ({R.si(u.tokens_per_step)} per step)"),

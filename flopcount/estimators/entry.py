@@ -34,7 +34,8 @@ def count(model, inputs, *, estimator: str = "dispatch", backward: bool = True, 
     from flopcount.formulas import per_count
 
     own = per_count.checked(formulas)
-    with per_count.applied(own):
+    # a count inside another's own formulas (``analyses.causal.halved``) keeps them, under the caller's own
+    with per_count.applied({**per_count.current(), **own}):
         report = _count(model, inputs, estimator=estimator, backward=backward, loss_fn=loss_fn, device=device,
                         optimizer=optimizer, model_name=model_name, world=world, formulas=bool(own), **options)
     if own:

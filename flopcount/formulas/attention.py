@@ -31,6 +31,16 @@ transformers library switches between the two). The fused kernels skip the block
 so a causal attention runs about half the score work counted here: the convention of PaLM's model-FLOPs formula
 (6N + 12 L H Q T), which counts the full square too.
 
+The halved convention (Megatron, MaxText). Megatron-LM's ``num_floating_point_operations`` charges a causal
+attention ``seq_length / 2`` keys per query ("only half of the attention matrix is non-zero") and MaxText's
+``calculate_tflops_training_per_device`` divides its attention FLOPs by 2: both count T^2 / 2 scores of a T x T
+square, not the T (T + 1) / 2 the triangle holds. ``causal_halved()`` gives every attention op a formula for that
+convention, used as one count's own formulas (``per_count``): the calls flagged causal (``is_causal=True``, the
+memory-efficient kernel's ``custom_mask_type`` 1 or 2) are charged half their scores' work (``Lq Lk / 2`` scores,
+every per-score term: products, softmax, mask, dropout), their per-row term (``2 Lq Ev`` in backward) whole. A
+call with an explicit ``attn_mask``/``attn_bias`` is charged the full square in both conventions: its values, which
+would say whether it is causal, are not known on meta tensors.
+
 Dropout (``dropout_p > 0``) adds 2 per score in each direction (mask multiply and rescale), as ``native_dropout``
 does.
 
@@ -40,12 +50,25 @@ from shapes alone and are refused (the op is then reported as uncounted, never a
 """
 from __future__ import annotations
 
-from flopcount.formulas.registry import is_shape, register
+from contextvars import ContextVar
+from fractions import Fraction
+from functools import wraps
+from typing import Callable, Dict
+
+from flopcount.formulas.registry import FLOP_FORMULAS, SOURCE, is_shape, register
 from flopcount.formulas.reduction import SOFTMAX
 
 BACKWARD_SOFTMAX = 5  # recompute P (3) + dS (2)
 MASK = 1
 DROPOUT = 2
+# the share of a causal call's square charged: 1 (the kernel's count, PaLM, torchtitan), or 1/2 inside a formula
+# of ``causal_halved()`` (Megatron, MaxText); set for the length of one formula call, so no other count sees it
+_CAUSAL_SHARE: ContextVar[Fraction] = ContextVar("flopcount_causal_share", default=Fraction(1))
+
+
+def _scores(lq, lk, causal) -> Fraction:
+    """The scores charged: the whole ``lq x lk`` square, or the causal share of it."""
+    return lq * lk * (_CAUSAL_SHARE.get() if causal else 1)
 
 
 def attention_forward(b, h, lq, lk, e, ev, causal=False, mask=False, dropout=False) -> int:
@@ -53,7 +76,7 @@ def attention_forward(b, h, lq, lk, e, ev, causal=False, mask=False, dropout=Fal
     dropout, and the weighted values."""
     masked = bool(causal) or bool(mask)
     per_score = 2 * e + 2 * ev + SOFTMAX + MASK * masked + DROPOUT * bool(dropout)
-    return b * h * lq * lk * per_score
+    return int(b * h * _scores(lq, lk, causal) * per_score)
 
 
 def attention_backward(b, h, lq, lk, e, ev, causal=False, mask=False, dropout=False) -> int:
@@ -61,7 +84,24 @@ def attention_backward(b, h, lq, lk, e, ev, causal=False, mask=False, dropout=Fa
     through the softmax."""
     masked = bool(causal) or bool(mask)
     per_score = 6 * e + 4 * ev + BACKWARD_SOFTMAX + MASK * masked + DROPOUT * bool(dropout)
-    return b * h * (lq * lk * per_score + lq * 2 * ev)
+    return int(b * h * (_scores(lq, lk, causal) * per_score + lq * 2 * ev))
+
+
+def _halved(formula: Callable) -> Callable:
+    @wraps(formula)
+    def halved(*args, **kwargs):
+        token = _CAUSAL_SHARE.set(Fraction(1, 2))
+        try:
+            return formula(*args, **kwargs)
+        finally:
+            _CAUSAL_SHARE.reset(token)
+    return halved
+
+
+def causal_halved() -> Dict[str, Callable]:
+    """``{op: formula}`` for every attention op this module registers, charging a causal call half its square (the
+    Megatron and MaxText convention; see the module docstring): one count's own formulas (``per_count.applied``)."""
+    return {name: _halved(fn) for name, fn in FLOP_FORMULAS.items() if SOURCE.get(name) == __name__}
 
 
 def _check_4d(q):

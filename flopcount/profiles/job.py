@@ -264,7 +264,10 @@ def combine(summaries, peak=None, device_spec=None) -> Job:
            "mfu": total / (step * float(peaks.sum())) if priced else None,
            "achieved_flops_per_s": total / step if total is not None and step > 0 else None,
            "spread": {c: _spread(ranks[c]) for c in ("step_s", "mfu", "flops", "idle_s", "exposed_communication_s")},
-           "schemas": sorted(set(ranks["schema"]))}
+           "schemas": sorted(set(ranks["schema"])),
+           # a trace's fused attention is priced over its whole square (is_causal, where recorded, adds its mask):
+           # the PaLM and torchtitan convention; the halved one would need each call's flag, which markers may lack
+           "causal_convention": "full"}
     if not priced and total is not None:
         notes.append("MFU not computed: " + "; ".join(sorted(set(ranks.loc[peaks.isna(), "peak_source"]))))
     steps = int(ranks["steps"].min())

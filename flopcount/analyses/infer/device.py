@@ -9,6 +9,7 @@ from typing import Dict, List, Optional
 
 import pandas as pd
 
+from flopcount.analyses import causal as causal_
 from flopcount.device import peak_policy
 from flopcount.device.spec import DeviceSpec
 from flopcount.base.errors import GenerationError, UnknownPeak
@@ -31,6 +32,10 @@ class PhaseRoofline:
     intensity: float
     ridge: float
     measured_seconds: Optional[float] = None
+    # the FLOPs the halved causal convention does not charge (a prefill's causal attention), and the convention
+    # that leads ``mfu`` (``analyses/causal.py``)
+    causal_removed: float = 0.0
+    causal: str = causal_.DEFAULT
 
     @property
     def bound(self) -> str:
@@ -59,8 +64,15 @@ class PhaseRoofline:
 
     @property
     def mfu(self) -> Optional[float]:
-        """Achieved FLOP/s (counted FLOPs over the measured time) over the peak of the phase's precision mix."""
-        return self.flops / self.measured_seconds / self.peak_flops if self.measured_seconds else None
+        """Achieved FLOP/s (counted FLOPs over the measured time) over the peak of the phase's precision mix, in the
+        leading causal convention (``mfus`` has both)."""
+        return self.mfus.value
+
+    @property
+    def mfus(self) -> causal_.CausalMfu:
+        """The MFU with a causal attention's square in full and halved."""
+        return causal_.CausalMfu.of(self.flops, self.causal_removed, self.measured_seconds, self.peak_flops,
+                                    self.causal)
 
     @property
     def mbu(self) -> Optional[float]:
@@ -74,7 +86,7 @@ class PhaseRoofline:
         d = {k: getattr(self, k) for k in keys}
         d.update(bound=self.bound, seconds_per_forward=self.seconds_per_forward,
                  seconds_per_token=self.seconds_per_token, tokens_per_second=self.tokens_per_second,
-                 measured_tokens_per_second=self.measured_tokens_per_second, mfu=self.mfu, mbu=self.mbu)
+                 measured_tokens_per_second=self.measured_tokens_per_second, **self.mfus.fields(), mbu=self.mbu)
         return d
 
 
@@ -105,10 +117,12 @@ class Prediction:
 
 
 def predict(gen, spec: DeviceSpec, *, measured_tokens_per_s: Optional[float] = None,
-            measured_ttft: Optional[float] = None, tf32: bool = False, check_rates: bool = True) -> Prediction:
+            measured_ttft: Optional[float] = None, tf32: bool = False, check_rates: bool = True,
+            causal_removed: Optional[Dict[str, float]] = None, causal: str = causal_.DEFAULT) -> Prediction:
     """Each phase of ``gen`` (a ``Generation``) on ``spec`` (see ``Generation.on``). ``measured_tokens_per_s``: decode tokens per
     second over all sequences (batch / seconds per decode step; a single forward: its tokens, or samples, per
-    second); ``measured_ttft``: seconds of the prefill."""
+    second); ``measured_ttft``: seconds of the prefill. ``causal_removed`` (``causal.removed``, per phase) and
+    ``causal``: the MFU's causal conventions."""
     if not spec.bandwidth:
         raise GenerationError(f"{spec.name} has no memory bandwidth in the table; the decode roofline needs one")
     for value, what in ((measured_tokens_per_s, "measured tokens per second"), (measured_ttft, "measured TTFT")):
@@ -133,7 +147,8 @@ def predict(gen, spec: DeviceSpec, *, measured_tokens_per_s: Optional[float] = N
                                   peak_flops=peak, bandwidth=float(spec.bandwidth),
                                   memory_share=memory_seconds / seconds if seconds else math.nan,
                                   intensity=totals["intensity"], ridge=peak / float(spec.bandwidth),
-                                  measured_seconds=measured)
+                                  measured_seconds=measured,
+                                  causal_removed=(causal_removed or {}).get(name, 0.0), causal=causal_.check(causal))
         unc = rows[rows["status"] == "uncounted"]
         if not unc.empty:
             ops = ", ".join(sorted(set(unc["op"])))

@@ -86,9 +86,11 @@ class Generation:
         return pd.DataFrame([self.phase(p) for p in self.phase_names]).set_index("phase")
 
     def on(self, spec, *, measured_tokens_per_s: Optional[float] = None,
-           measured_ttft: Optional[float] = None, tf32: bool = False) -> Prediction:
+           measured_ttft: Optional[float] = None, tf32: bool = False, causal_removed=None,
+           causal: str = "full") -> Prediction:
         """The roofline of each phase on a device (a ``DeviceSpec`` or a name from ``flopcount peaks``), and, from
-        measured decode tokens per second and time to first token, MFU and MBU."""
+        measured decode tokens per second and time to first token, MFU and MBU (``causal_removed``, ``causal``: the
+        MFU's causal conventions, as ``device.predict`` takes them)."""
         if not isinstance(spec, (DeviceSpec, str)):
             raise api_checks.ArgumentError(f"spec must be a DeviceSpec or a device name from `flopcount peaks`, "
                                            f"not {type(spec).__name__}")
@@ -97,7 +99,7 @@ class Generation:
         api_checks.check_bool("tf32", tf32)
         spec = spec if isinstance(spec, DeviceSpec) else datasheet.get_device(spec)
         return predict(self, spec, measured_tokens_per_s=measured_tokens_per_s, measured_ttft=measured_ttft,
-                       tf32=tf32)
+                       tf32=tf32, causal_removed=causal_removed, causal=causal)
 
     def to_dict(self) -> dict:
         """The generation's summary as plain JSON-ready values."""

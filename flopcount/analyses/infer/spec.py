@@ -8,6 +8,7 @@ from typing import Callable, Optional
 
 import torch
 
+from flopcount.analyses import causal as causal_
 from flopcount.device import cpu_probe, datasheet
 from flopcount.model import hf
 from flopcount.device.spec import DeviceSpec
@@ -48,13 +49,14 @@ class Inference:
 def from_spec(model_spec: str, *, prompt_len: Optional[int] = None, new_tokens: Optional[int] = None,
               batch: int = 1, dtype=None, device: str = "meta", device_spec=None, as_device: Optional[str] = None,
               measured_tokens_per_s: Optional[float] = None, measured_ttft: Optional[float] = None, runs: int = 3,
-              logits: str = "last", progress: Optional[Callable] = None) -> Inference:
+              logits: str = "last", progress: Optional[Callable] = None, causal: str = "full") -> Inference:
     """``flopcount infer``'s pipeline for a model spec (as everywhere: ``hf:DIR``, ``file.py:factory``,
     ``package.module:attr``, a torchvision name): a causal LM's generation counted on meta (without weights); any
     other model's single inference forward (eval mode, no grad; ``prompt_len`` is then the length of its token ids,
     if it takes some). On a device spec (a name or DeviceSpec) its roofline, with MFU and MBU from measured rates.
     ``device="cpu"``: the model built with random weights, counted (on meta, with the CPU's kernels) and timed on
-    this CPU ``runs`` times, and held against this CPU's measured peak and bandwidth."""
+    this CPU ``runs`` times, and held against this CPU's measured peak and bandwidth. Where an MFU is given, it is
+    in both causal conventions, ``causal`` leading (the generation counted again with the square halved)."""
     from flopcount.model.inputs import example_inputs, random_on
     from flopcount.model.specs import load_model
 
@@ -66,6 +68,7 @@ def from_spec(model_spec: str, *, prompt_len: Optional[int] = None, new_tokens: 
                               "--device-spec and the measured rates")
     if device_spec is None and (measured_tokens_per_s is not None or measured_ttft is not None):
         raise GenerationError("measured rates are held against a device's peak and bandwidth: give --device-spec")
+    causal_.check(causal)
     check_sizes(batch, prompt_len or 1, new_tokens or 1)  # sizes past a tensor's index, before the model is built
     spec = None
     if device_spec is not None:
@@ -89,8 +92,9 @@ def from_spec(model_spec: str, *, prompt_len: Optional[int] = None, new_tokens: 
         if prompt_len is None or new_tokens is None:
             raise GenerationError(f"{name} generates: give the prompt length and the tokens to generate "
                                   "(--prompt N --new M)")
-        gen = generate_cost(model, prompt_len, new_tokens, batch, as_device=kernels, logits=logits,
-                            model_name=name, progress=progress)
+        def count(progress=progress):
+            return generate_cost(model, prompt_len, new_tokens, batch, as_device=kernels, logits=logits,
+                                 model_name=name, progress=progress)
         timed = (lambda: time_generation(model, prompt_len, new_tokens, batch, runs=runs, logits=logits))
     else:
         if new_tokens is not None:
@@ -100,20 +104,28 @@ def from_spec(model_spec: str, *, prompt_len: Optional[int] = None, new_tokens: 
                                 seq_len=prompt_len)
         if isinstance(inputs, dict):  # inference: no labels, so no loss
             inputs = {k: v for k, v in inputs.items() if k not in _LABELS}
-        gen = forward_cost(model, inputs, as_device=kernels, model_name=name)
+
+        def count(progress=None):
+            return forward_cost(model, inputs, as_device=kernels, model_name=name)
         real = random_on(inputs, "cpu", generator=torch.Generator().manual_seed(0)) if device == "cpu" else None
         timed = (lambda: time_forward(model, real, runs=runs))
+    gen = count()
+    rated = device == "cpu" or measured_tokens_per_s is not None or measured_ttft is not None
+    # the halved convention's count only where an MFU is given (a measured rate)
+    removed = causal_.removed(gen.traffic, lambda: count(progress=None).traffic) if rated else {}
     if device == "meta":
         prediction = None
         if spec is not None:
-            prediction = gen.on(spec, measured_tokens_per_s=measured_tokens_per_s, measured_ttft=measured_ttft)
+            prediction = gen.on(spec, measured_tokens_per_s=measured_tokens_per_s, measured_ttft=measured_ttft,
+                                causal_removed=removed, causal=causal)
         return Inference(gen, prediction, dtype_source=dtype_source)
     with model_errors(name):
         measured = timed()
     cpu = cpu_probe.cpu_spec(sorted({"float32", gen.dtype}))
     tps, ttft = measured_rates(gen, measured)
     # flopcount's own timing: a model that fits in the CPU's caches may beat its memory bandwidth (said in a note)
-    return Inference(gen, predict(gen, cpu, measured_tokens_per_s=tps, measured_ttft=ttft, check_rates=False),
+    return Inference(gen, predict(gen, cpu, measured_tokens_per_s=tps, measured_ttft=ttft, check_rates=False,
+                                  causal_removed=removed, causal=causal),
                      measured, dtype_source)
 
 

@@ -15,6 +15,7 @@ from typing import Dict, List, Optional, Tuple
 
 import pandas as pd
 
+from flopcount.analyses import causal as causal_
 from flopcount.device.peak_policy import step_peak
 from flopcount.analyses.roofline import COLLECTIVE, analyze
 from flopcount.device.timemodel.core import MODES, OpTime, Params, Step, launches, op_time, reduces, tiling
@@ -39,6 +40,10 @@ class Predicted:
     notes: List[str] = field(default_factory=list)
     roofline_seconds: float = 0.0
     peak_flops: float = math.nan
+    # per phase, the FLOPs the halved causal convention does not charge (``analyses/causal.py``), and the
+    # convention that leads ``mfu``
+    causal_removed: Dict[str, float] = field(default_factory=dict)
+    causal: str = causal_.DEFAULT
 
     def phase_steps(self) -> Dict[str, Step]:
         """Each phase's GPU time and host launches."""
@@ -65,11 +70,20 @@ class Predicted:
     @property
     def mfu(self) -> float:
         """Model FLOPs (forward + backward, or every phase where there is neither) per predicted second, over the
-        step's peak."""
+        step's peak, in the leading causal convention (``mfus`` has both)."""
+        value = self.mfus.value
+        return math.nan if value is None else value
+
+    @property
+    def mfus(self) -> causal_.CausalMfu:
+        """The MFU with a causal attention's square in full and halved."""
         f = self.ops
         train = f[f["phase"].isin(TRAINING)]
+        phases = TRAINING if len(train) else tuple(f["phase"].unique())
         flops = float((train if len(train) else f)["flops"].sum())
-        return flops / self.seconds / self.peak_flops if self.seconds and self.peak_flops else math.nan
+        removed = causal_.model_removed(self.causal_removed, phases)
+        peak = None if self.peak_flops is None or math.isnan(self.peak_flops) else self.peak_flops
+        return causal_.CausalMfu.of(flops, removed, self.seconds, peak, self.causal)
 
     def by(self, key: str = "op") -> pd.DataFrame:
         """Predicted time per ``key`` (op, family or module) and phase, with the bound of its largest op."""
@@ -94,16 +108,17 @@ class Predicted:
         return {"model": self.model, "batch_size": self.batch_size, "device": self.spec.name, "mode": self.mode,
                 "seconds": st.seconds, "gpu_seconds": st.gpu_seconds, "host_seconds": st.host_seconds,
                 "launches": st.launches, "host_bound": st.host_bound, "roofline_seconds": self.roofline_seconds,
-                "mfu": self.mfu, "peak_flops": self.peak_flops, "phases": phases,
+                **self.mfus.fields(), "peak_flops": self.peak_flops, "phases": phases,
                 "bound_seconds": {k: float(v) for k, v in bounds.items() if k}, "params": dict(vars(self.params)),
                 "model_error": fit_summary(), "notes": list(self.notes)}
 
 
 def predict_report(report, spec, *, tf32=False, mode: str = "eager", rates=None, phases=None,
-                   params: Optional[Params] = None) -> Predicted:
+                   params: Optional[Params] = None, causal_removed: Optional[Dict[str, float]] = None,
+                   causal: str = causal_.DEFAULT) -> Predicted:
     """The time model over ``report``'s rows on ``spec`` (a ``DeviceSpec``). ``rates``: the recorded products
     (``record.as_rates``); ``mode``: ``eager`` (a launch per kernel), ``compiled`` or ``graph`` (see
-    ``core.launches``)."""
+    ``core.launches``); ``causal_removed`` (``causal.removed``) and ``causal``: the MFU's causal conventions."""
     if mode not in MODES:
         raise ValueError(f"unknown launch mode {mode!r}; expected one of {', '.join(MODES)}")
     roof = analyze(report, spec, allow_tf32=tf32, phases=phases)
@@ -149,7 +164,8 @@ def predict_report(report, spec, *, tf32=False, mode: str = "eager", rates=None,
     except Exception:  # a report without float work has no peak
         peak = math.nan
     return Predicted(ops=f, spec=spec, params=p, mode=mode, model=report.model, batch_size=report.batch_size,
-                     notes=notes + list(roof.notes), roofline_seconds=roof.seconds, peak_flops=peak)
+                     notes=notes + list(roof.notes), roofline_seconds=roof.seconds, peak_flops=peak,
+                     causal_removed=dict(causal_removed or {}), causal=causal_.check(causal))
 
 
 def _rate(cache, products, op, backward, peak, sms, p, fma) -> Optional[float]:
@@ -166,9 +182,9 @@ def _rate(cache, products, op, backward, peak, sms, p, fma) -> Optional[float]:
 
 def from_spec(model: str, device_spec, *, batch: int = 1, dtype=None, autocast=None, tf32=False,
               input_shape=None, num_classes=None, seq_len=None, world=None, as_device: Optional[str] = None,
-              mode: str = "eager", backward: bool = True) -> Predicted:
+              mode: str = "eager", backward: bool = True, causal: str = causal_.DEFAULT) -> Predicted:
     """``flopcount predict MODEL``: the training step counted on meta (the kernels the device would choose), its
-    products' shapes noted, the time model over it."""
+    products' shapes noted, the time model over it; MFU in both causal conventions, ``causal`` leading."""
     from flopcount.analyses.spec import count_spec
     from flopcount.base.errors import FlopcountError
     from flopcount.device.datasheet import get_device
@@ -178,8 +194,14 @@ def from_spec(model: str, device_spec, *, batch: int = 1, dtype=None, autocast=N
     if not spec.sms or not spec.bandwidth:
         raise FlopcountError(f"{spec.name} has no SM count or bandwidth in the table: the time model is fitted on "
                              f"GPUs; {WAY_OUT}")
+    causal_.check(causal)
+
+    def count():
+        return count_spec(model, as_device=as_device or spec.kernels, batch=batch, dtype=dtype, autocast=autocast,
+                          input_shape=input_shape, num_classes=num_classes, seq_len=seq_len, world=world,
+                          backward=backward)
+
     with shapes_noted() as log:
-        report = count_spec(model, as_device=as_device or spec.kernels, batch=batch, dtype=dtype, autocast=autocast,
-                            input_shape=input_shape, num_classes=num_classes, seq_len=seq_len, world=world,
-                            backward=backward)
-    return predict_report(report, spec, tf32=tf32, mode=mode, rates=as_rates(log))
+        report = count()
+    return predict_report(report, spec, tf32=tf32, mode=mode, rates=as_rates(log),
+                          causal_removed=causal_.removed(report, count), causal=causal)
