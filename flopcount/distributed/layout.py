@@ -88,7 +88,7 @@ def layout_of(world) -> Layout:
         unknown = [k for k in world if k not in _NAMES + ("reshard_after_forward", "tp_plan")]
         if unknown:
             raise UnsupportedLayout(f"unknown parallel dimension(s) {', '.join(map(repr, unknown))}; "
-                                    f"flopcount counts fsdp and tp")
+                                    f"flopcount counts fsdp, tp and ep (etp)")
         for key, what in _REFUSED.items():
             degree = world.get(key, 1)
             if degree not in (None, 1):
