@@ -32,7 +32,8 @@ def _mixtral():
 
 
 LAYOUTS = {"fsdp4_ep2": {"fsdp": 4, "ep": 2}, "fsdp4_ep4": {"fsdp": 4, "ep": 4}, "tp2": {"tp": 2},
-           "fsdp2_tp2_ep2": {"fsdp": 2, "tp": 2, "ep": 2}, "fsdp2_tp2_ep2_etp2": {"fsdp": 2, "tp": 2, "ep": 2, "etp": 2}}
+           "fsdp2_tp2_ep2": {"fsdp": 2, "tp": 2, "ep": 2},
+           "fsdp2_tp2_ep2_etp2": {"fsdp": 2, "tp": 2, "ep": 2, "etp": 2}}
 
 
 @pytest.fixture(scope="module")

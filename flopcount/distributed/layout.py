@@ -1,7 +1,8 @@
 """A parallel layout: how many ranks shard the parameters (FSDP2) and how many split each layer (tensor parallel).
 
-World size = fsdp x tp. The mesh is (fsdp, tp) with the tensor-parallel dimension innermost, as torchtitan builds
-it, so that a tensor-parallel group is the ranks of one node. Pipeline parallelism (a rank runs some layers of the
+World size = fsdp x tp; expert parallel (``ep``) borrows FSDP (and TP) ranks and adds none, as in torchtitan. The
+mesh is (fsdp, tp) with the tensor-parallel dimension innermost, as torchtitan builds it, so that a tensor-parallel
+group is the ranks of one node. Pipeline parallelism (a rank runs some layers of the
 model, with micro-batches and a schedule) and context parallelism (a rank holds part of each sequence, attention
 exchanging keys and values in a ring) are different programs from the model's own step: they are refused in one
 line, never counted as if they were the step.

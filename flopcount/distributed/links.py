@@ -65,8 +65,8 @@ def kind_of(op: str) -> str:
 
 def collectives(report, spec=None):
     """The collectives of one rank's sharded step (``report``: ``flopcount.count(..., world=)``), one row per kind,
-    group (``fsdp``: FSDP2's own, ``tp``: DTensor's, ``ep``: expert parallel's all-to-alls) and phase: calls, ``sent`` (the bytes this rank sends, by the
-    ring rule), ``flops`` (a reduction's adds) and, on ``spec``'s machines, the ``link`` its group crosses and its
+    group (``fsdp``: FSDP2's own, ``tp``: DTensor's, ``ep``: expert parallel's all-to-alls) and phase: calls,
+    ``sent`` (the bytes this rank sends, by the ring rule), ``flops`` (a reduction's adds) and, on ``spec``'s machines, the ``link`` its group crosses and its
     ``seconds`` there (sent / the link's bandwidth per rank and direction). Waits on a result move nothing and are
     left out."""
     import pandas as pd

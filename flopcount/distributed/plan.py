@@ -8,7 +8,8 @@ slice of the vocabulary, the looked-up rows all-reduced). Norms, rotary embeddin
 every rank computes them whole. Sequence parallelism (norms sharded on the sequence) is not
 applied. The plan is the model's own where it declares one (transformers' ``base_model_tp_plan`` and ``_tp_plan``:
 Llama, Qwen, Mistral, ...), else the torchtitan names (``attention.wq/wk/wv/wo``, ``feed_forward.w1/w2/w3``,
-``output``), else ``Layout.tp_plan``; styles other than column- and row-wise (packed or expert weights) are refused.
+``output``), else ``Layout.tp_plan``; styles other than column- and row-wise (packed weights) are refused, but for a
+mixture of experts' routed experts, which ``experts.py`` splits (EP and TP on them, as torchtitan does).
 
 FSDP2 (then, on the ``fsdp`` dimension): ``fully_shard`` on each block of the model's repeated layers (the longest
 ``ModuleList`` of one class), then on the root, which holds what is left (embeddings, final norm, LM head). Each
