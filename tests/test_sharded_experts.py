@@ -182,3 +182,13 @@ def test_ep_on_a_model_without_experts_is_refused():
     model = torch.nn.Sequential(torch.nn.Linear(8, 8))
     with pytest.raises(UnsupportedLayout, match="no routed experts"):
         flopcount.count(model, torch.randn(2, 8), world=Layout(fsdp=2, ep=2))
+
+
+def test_an_ep_group_crosses_the_link_its_ranks_span():
+    """EP 4 taking the 2 TP ranks (ETP 1) is 4 consecutive ranks; EP 4 of FSDP ranks (ETP 2) is 4 ranks 2 apart,
+    spanning 7; the all-to-alls are the EP group's, the other functional collectives TP's."""
+    from flopcount.distributed.links import group_of, span
+
+    assert group_of("_c10d_functional.all_to_all_single") == "ep"
+    assert group_of("_c10d_functional.all_reduce") == "tp" and group_of("c10d._allgather_base_") == "fsdp"
+    assert span("ep", 8, 2, ep=4, etp=1) == 4 and span("ep", 8, 2, ep=4, etp=2) == 7

@@ -3,6 +3,8 @@
 The mesh is (fsdp, tp), tensor parallel innermost: rank r is TP rank r mod tp of FSDP rank r div tp. DTensor runs
 the tensor-parallel collectives (``_c10d_functional.*``) on a TP group, ``tp`` consecutive ranks; FSDP2 runs its
 own (``c10d.*``) on an FSDP group, ``fsdp`` ranks ``tp`` apart, which spans (fsdp - 1) x tp + 1 consecutive ranks.
+Expert parallel's all-to-alls run on an EP group (``experts.expert_mesh``): the ``ep`` innermost ranks where it takes
+the TP ranks (``etp`` 1), else ``ep`` FSDP ranks ``tp`` apart.
 A group inside one node (its span at most the node's GPUs) rings over NVLink at the GPU's NVLink bandwidth; a group
 across nodes is bound by the network, of which each GPU has its node's bandwidth / GPUs per node (every GPU of a
 node runs its ring at once). Bandwidths are per direction: a ring sends and receives at the same time.
@@ -66,8 +68,8 @@ def kind_of(op: str) -> str:
 def collectives(report, spec=None):
     """The collectives of one rank's sharded step (``report``: ``flopcount.count(..., world=)``), one row per kind,
     group (``fsdp``: FSDP2's own, ``tp``: DTensor's, ``ep``: expert parallel's all-to-alls) and phase: calls,
-    ``sent`` (the bytes this rank sends, by the ring rule), ``flops`` (a reduction's adds) and, on ``spec``'s machines, the ``link`` its group crosses and its
-    ``seconds`` there (sent / the link's bandwidth per rank and direction). Waits on a result move nothing and are
+    ``sent`` (the bytes this rank sends, by the ring rule), ``flops`` (a reduction's adds) and, on ``spec``'s
+    machines, the ``link`` its group crosses and its ``seconds`` there (sent / the link's bandwidth per rank and direction). Waits on a result move nothing and are
     left out."""
     import pandas as pd
 
