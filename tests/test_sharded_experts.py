@@ -140,6 +140,8 @@ def test_tp_ranks_split_the_experts_and_replicate_the_router(counts, name):
                                                                             phase=phase)
         assert t * _flops(rank, op="aten.mm", phase=phase) == (_flops(whole, op="aten.mm", phase=phase)
                                                                + (t - 1) * _router_mm(phase))
+    router = _router_mm("forward") + _router_mm("backward")
+    assert t * _flops(rank, family="matmul") == _flops(whole, family="matmul") + (t - 1) * router
     assert t * _flops(rank, family="attention") == _flops(whole, family="attention")
     for op in ("aten.silu", "aten.silu_backward"):
         assert t * _flops(rank, op=op) == _flops(whole, op=op)
