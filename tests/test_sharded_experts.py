@@ -194,3 +194,13 @@ def test_an_ep_group_crosses_the_link_its_ranks_span():
     assert group_of("_c10d_functional.all_to_all_single") == "ep"
     assert group_of("_c10d_functional.all_reduce") == "tp" and group_of("c10d._allgather_base_") == "fsdp"
     assert span("ep", 8, 2, ep=4, etp=1) == 4 and span("ep", 8, 2, ep=4, etp=2) == 7
+
+
+def test_routed_rows_that_cannot_be_balanced_are_refused_in_one_line():
+    """3 tokens x top-2 = 6 rows cannot go 6 / 4 to each of 4 experts: the balanced count would not be a count."""
+    from flopcount.model.specs import build
+
+    model, inputs, _ = build(f"hf:{os.path.join(FIXTURES, 'mixtral-tiny')}", batch=1, seq_len=3, device="meta")
+    with pytest.raises(UnsupportedLayout, match="balanced routing needs the routed rows") as err:
+        flopcount.count(model, inputs, world={"fsdp": 2, "ep": 2})
+    assert "\n" not in str(err.value)
