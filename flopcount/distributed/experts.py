@@ -139,7 +139,8 @@ def expert_notes(model: torch.nn.Module, layout: Layout) -> List[str]:
     if layout.ep > 1 and layout.fsdp > 1:
         how.append(f"expert weights FSDP-sharded over the {efsdp} ranks EP leaves" if efsdp > 1 else
                    "expert weights not FSDP-sharded (EP takes every FSDP rank)")
-    return ([f"{len(found)} routed-expert layers (as torchtitan splits them): " + "; ".join(how)]
+    return ([f"{len(found)} routed-expert layers, split as torchtitan splits them and run on the fake group as one "
+             "rank's experts (transformers' grouped products, torchtitan's all-to-alls): " + "; ".join(how)]
             + [f"assumed: {a}" for a in assumptions(model, layout)])
 
 
