@@ -32,6 +32,20 @@ def test_count_fsdp_alone_gathers_the_parameters(capsys):
     assert "collective" in out
 
 
+def test_count_ep_json_states_its_routing_assumption(capsys):
+    pytest.importorskip("transformers")
+    mixtral = "hf:tests/fixtures/hf/mixtral-tiny"  # hidden 64, 4 experts, top-2, 2 layers
+    assert main(["count", mixtral, "--seq-len", "16", "--fsdp", "2", "--ep", "2", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["world"] == {"fsdp": 2, "tp": 1, "world": 2, "ep": 2, "etp": 1}
+    assert doc["assumptions"][0].startswith("balanced routing")
+    # per layer, dispatch and combine each send half of the 16 x 2 routed rows x 64 x 4 bytes, plus the 4 experts'
+    # row counts (int64), half of them sent
+    a2a = _rows(doc, "_c10d_functional.all_to_all_single", "forward")
+    assert sum(r["bytes"] for r in a2a) == 2 * (2 * 16 * 2 * 64 * 4 // 2 + 4 * 8 // 2)
+    assert {r["group"] for r in doc["collectives"] if r["kind"] == "all-to-all"} == {"ep"}
+
+
 @pytest.mark.parametrize("flag, words", [("--pp", "pipeline parallelism"), ("--cp", "context parallelism")])
 def test_pipeline_and_context_parallel_are_refused_in_one_line(flag, words, capsys):
     assert main(["count", LLAMA, "--seq-len", "16", flag, "2"]) == 2

@@ -175,20 +175,25 @@ def add_parallel(p: argparse.ArgumentParser) -> None:
                    help="FSDP2 over N ranks (fully_shard per layer); the batch is one rank's")
     g.add_argument("--tp", type=positive_int, default=None, metavar="M",
                    help="tensor parallel over M ranks (column/row-wise linears, as torchtitan's Llama plan)")
+    g.add_argument("--ep", type=positive_int, default=None, metavar="N",
+                   help="expert parallel over N ranks borrowed from --fsdp (and --tp), as torchtitan: a mixture of "
+                        "experts' routed experts split E/N per rank, tokens sent by all-to-all (balanced routing)")
+    g.add_argument("--etp", type=positive_int, default=None, metavar="M",
+                   help="with --ep: the experts' tensor-parallel degree, 1 (default: EP takes the TP ranks) or --tp")
     g.add_argument("--pp", type=positive_int, default=None, metavar="N", help="pipeline parallel: not supported")
     g.add_argument("--cp", type=positive_int, default=None, metavar="N", help="context parallel: not supported")
 
 
 def parallel_world(args) -> Optional[dict]:
     """The layout --fsdp/--tp ask for (``{"fsdp": N, "tp": M}``), None without them; --pp/--cp above 1 raise."""
-    asked = {k: getattr(args, k, None) for k in ("fsdp", "tp", "pp", "cp")}
+    asked = {k: getattr(args, k, None) for k in ("fsdp", "tp", "ep", "etp", "pp", "cp")}
     asked = {k: v for k, v in asked.items() if v is not None}
     if not asked:
         return None
     from flopcount.distributed.layout import layout_of
 
     layout_of(asked)  # refuses --pp/--cp and bad degrees in one line
-    return {k: v for k, v in asked.items() if k in ("fsdp", "tp")}
+    return {k: v for k, v in asked.items() if k in ("fsdp", "tp", "ep", "etp")}
 
 
 def add_causal(p: argparse.ArgumentParser) -> None:

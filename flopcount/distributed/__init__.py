@@ -5,6 +5,7 @@ steps counted per rank in one process on a fake process group.
 * ``layout``: a parallel layout (FSDP degree, tensor-parallel degree), checked; unsupported layouts refused.
 * ``fake_group``: a fake process group of any world size in this one process, and the device mesh on it.
 * ``plan``: FSDP2 and tensor parallelism applied to a model as torchtitan applies them to a Llama.
+* ``experts``: a mixture of experts' routed experts under expert parallel and TP, as torchtitan splits them.
 * ``sharded``: one rank's step counted on fake tensors, collectives included (``flopcount.count(..., world=)``).
 """
 from __future__ import annotations
@@ -41,6 +42,9 @@ def shard_launched(model, world, device: str):
     from flopcount.distributed.plan import parallelize
 
     layout = layout_of(world)
+    if layout.ep > 1:  # the fake group's experts dispatch by balanced routing: a real run routes by its data
+        raise UnsupportedLayout("expert parallel (--ep) is counted on a fake process group only, under balanced "
+                                "routing; it is not measured under torchrun")
     if not dist.is_initialized() or dist.get_world_size() != layout.world:
         ranks = dist.get_world_size() if dist.is_initialized() else 1
         raise UnsupportedLayout(f"{layout.describe()} needs {layout.world} ranks and {ranks} are running: "

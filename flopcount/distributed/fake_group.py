@@ -33,6 +33,11 @@ def fake_world(layout: Layout, rank: int = 0) -> Iterator[object]:
 
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=layout.world)
     try:
+        if layout.ep > 1:  # EP borrows FSDP (and TP) ranks: its own mesh, with fsdp and ep flattened from it
+            from flopcount.distributed.experts import expert_mesh
+
+            yield expert_mesh(layout)
+            return
         dims = layout.dims or {"fsdp": 1}
         yield init_device_mesh("cpu", tuple(dims.values()), mesh_dim_names=tuple(dims))
     finally:

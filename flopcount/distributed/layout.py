@@ -1,7 +1,8 @@
 """A parallel layout: how many ranks shard the parameters (FSDP2) and how many split each layer (tensor parallel).
 
-World size = fsdp x tp. The mesh is (fsdp, tp) with the tensor-parallel dimension innermost, as torchtitan builds
-it, so that a tensor-parallel group is the ranks of one node. Pipeline parallelism (a rank runs some layers of the
+World size = fsdp x tp; expert parallel (``ep``) borrows FSDP (and TP) ranks and adds none, as in torchtitan. The
+mesh is (fsdp, tp) with the tensor-parallel dimension innermost, as torchtitan builds it, so that a tensor-parallel
+group is the ranks of one node. Pipeline parallelism (a rank runs some layers of the
 model, with micro-batches and a schedule) and context parallelism (a rank holds part of each sequence, attention
 exchanging keys and values in a ring) are different programs from the model's own step: they are refused in one
 line, never counted as if they were the step.
@@ -23,7 +24,7 @@ _REFUSED = {
     "pp": "pipeline parallelism",
     "cp": "context parallelism",
 }
-_NAMES = ("fsdp", "tp") + tuple(_REFUSED)
+_NAMES = ("fsdp", "tp", "ep", "etp") + tuple(_REFUSED)
 
 
 @dataclass(frozen=True)
@@ -31,18 +32,26 @@ class Layout:
     """``fsdp``: ranks that shard every parameter, gradient and optimizer state (FSDP2, one data-parallel rank
     each); ``tp``: ranks that split each attention and MLP (tensor parallel). ``reshard_after_forward``: FSDP2
     frees the gathered parameters after each layer's forward and gathers them again in backward (its default).
-    ``tp_plan``: module path pattern -> "colwise" | "rowwise" | "colwise_rep" instead of the model's own plan."""
+    ``tp_plan``: module path pattern -> "colwise" | "rowwise" | "colwise_rep" instead of the model's own plan.
+    ``ep``: ranks that split a mixture of experts' routed experts (expert parallel); they are borrowed from the
+    FSDP ranks (and the TP ranks where ``etp`` is 1), never added to the world, as torchtitan composes them.
+    ``etp``: the tensor-parallel degree of the routed experts under EP: 1 (torchtitan's default: EP takes the TP
+    ranks too) or ``tp`` (each expert split over the TP ranks as well); ``None`` is 1."""
 
     fsdp: int = 1
     tp: int = 1
     reshard_after_forward: bool = True
     tp_plan: Optional[Dict[str, str]] = field(default=None, compare=False)
+    ep: int = 1
+    etp: Optional[int] = None
 
     def __post_init__(self):
-        for name in ("fsdp", "tp"):
+        for name in ("fsdp", "tp", "ep") + (("etp",) if self.etp is not None else ()):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
                 raise UnsupportedLayout(f"--{name} must be a whole number of ranks, 1 or more, not {value!r}")
+        if self.ep > 1:
+            _check_expert_degrees(self.fsdp, self.tp, self.ep, self.etp or 1)
 
     @property
     def world(self) -> int:
@@ -55,12 +64,18 @@ class Layout:
         return {n: d for n, d in (("fsdp", self.fsdp), ("tp", self.tp)) if d > 1}
 
     def describe(self) -> str:
-        """The layout in words (``FSDP 2 x TP 4``, or ``one rank``)."""
-        return " x ".join(f"{n.upper()} {d}" for n, d in self.dims.items()) or "one rank"
+        """The layout in words (``FSDP 2 x TP 4``, ``FSDP 4, EP 2``, or ``one rank``)."""
+        words = " x ".join(f"{n.upper()} {d}" for n, d in self.dims.items()) or "one rank"
+        if self.ep > 1:
+            words += f", EP {self.ep}" + (f" (ETP {self.etp})" if self.tp > 1 else "")
+        return words
 
     def to_dict(self) -> Dict[str, Any]:
-        """``{"fsdp", "tp", "world"}``."""
-        return {"fsdp": self.fsdp, "tp": self.tp, "world": self.world}
+        """``{"fsdp", "tp", "world"}``, with ``"ep"`` and ``"etp"`` where experts are split."""
+        d = {"fsdp": self.fsdp, "tp": self.tp, "world": self.world}
+        if self.ep > 1:
+            d.update(ep=self.ep, etp=self.etp or 1)
+        return d
 
 
 def layout_of(world) -> Layout:
@@ -74,7 +89,7 @@ def layout_of(world) -> Layout:
         unknown = [k for k in world if k not in _NAMES + ("reshard_after_forward", "tp_plan")]
         if unknown:
             raise UnsupportedLayout(f"unknown parallel dimension(s) {', '.join(map(repr, unknown))}; "
-                                    f"flopcount counts fsdp and tp")
+                                    f"flopcount counts fsdp, tp and ep (etp)")
         for key, what in _REFUSED.items():
             degree = world.get(key, 1)
             if degree not in (None, 1):
@@ -82,6 +97,20 @@ def layout_of(world) -> Layout:
         return Layout(**{k: v for k, v in world.items() if k not in _REFUSED})
     raise UnsupportedLayout(f"world must be a Layout, a dict such as {{'fsdp': 8, 'tp': 2}} or a number of ranks, "
                             f"not {world!r}")
+
+
+def _check_expert_degrees(fsdp: int, tp: int, ep: int, etp: int) -> None:
+    """torchtitan's rule (``ParallelDims._validate``, torchtitan/distributed/parallel_dims.py): EP borrows ranks, it
+    adds none; with ETP = TP it borrows some of the FSDP ranks, with ETP = 1 all the TP ranks and some FSDP ranks."""
+    if etp not in (1, tp):
+        raise UnsupportedLayout(f"--etp {etp}: the experts' tensor-parallel degree is 1 or the TP degree ({tp}), "
+                                "as torchtitan allows")
+    borrowed = tp if etp == 1 else 1  # the TP ranks EP takes over
+    if ep % borrowed or (fsdp * borrowed) % ep:
+        whence = f"--fsdp {fsdp} x --tp {tp}" if borrowed > 1 else f"--fsdp {fsdp}"
+        raise UnsupportedLayout(f"--ep {ep} borrows its ranks from {whence} (it adds none, as in torchtitan): it must "
+                                f"divide {fsdp * borrowed}" + (f" and be a multiple of {borrowed}" if borrowed > 1
+                                                               else ""))
 
 
 def refusal(key: str, degree) -> str:

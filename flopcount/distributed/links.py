@@ -3,6 +3,8 @@
 The mesh is (fsdp, tp), tensor parallel innermost: rank r is TP rank r mod tp of FSDP rank r div tp. DTensor runs
 the tensor-parallel collectives (``_c10d_functional.*``) on a TP group, ``tp`` consecutive ranks; FSDP2 runs its
 own (``c10d.*``) on an FSDP group, ``fsdp`` ranks ``tp`` apart, which spans (fsdp - 1) x tp + 1 consecutive ranks.
+Expert parallel's all-to-alls run on an EP group (``experts.expert_mesh``): the ``ep`` innermost ranks where it takes
+the TP ranks (``etp`` 1), else ``ep`` FSDP ranks ``tp`` apart.
 A group inside one node (its span at most the node's GPUs) rings over NVLink at the GPU's NVLink bandwidth; a group
 across nodes is bound by the network, of which each GPU has its node's bandwidth / GPUs per node (every GPU of a
 node runs its ring at once). Bandwidths are per direction: a ring sends and receives at the same time.
@@ -17,12 +19,18 @@ NVLINK, NETWORK = "nvlink", "network"
 
 
 def group_of(op: str) -> str:
-    """``"tp"`` for DTensor's functional collectives, ``"fsdp"`` for the process group's own (FSDP2's)."""
-    return "tp" if op.startswith("_c10d_functional") else "fsdp"
+    """``"ep"`` for the all-to-alls of expert parallel, ``"tp"`` for DTensor's other functional collectives,
+    ``"fsdp"`` for the process group's own (FSDP2's)."""
+    if op.startswith("_c10d_functional"):
+        return "ep" if "all_to_all" in op else "tp"
+    return "fsdp"
 
 
-def span(group: str, fsdp: int, tp: int) -> int:
-    """Consecutive ranks one group of the mesh covers."""
+def span(group: str, fsdp: int, tp: int, ep: int = 1, etp: int = 1) -> int:
+    """Consecutive ranks one group of the mesh covers. An EP group (``experts.expert_mesh``) is the ``ep`` innermost
+    ranks where it takes the TP ranks (``etp`` 1), else ``ep`` FSDP ranks ``tp`` apart."""
+    if group == "ep":
+        return ep if etp == 1 else (ep - 1) * tp + 1
     return tp if group == "tp" else (fsdp - 1) * tp + 1
 
 
@@ -38,7 +46,8 @@ def link(op: str, world: Mapping[str, int], spec) -> Tuple[str, float]:
         raise UnsupportedLayout(f"{spec.name} has no link bandwidths in the table (NVLink, network, GPUs per "
                                 "node): a communication roofline needs them; choose a device that has them "
                                 "(`flopcount peaks --format csv`)")
-    if span(group_of(op), fsdp, tp) <= gpus:
+    ep, etp = max(int(world.get("ep", 1) or 1), 1), max(int(world.get("etp", 1) or 1), 1)
+    if span(group_of(op), fsdp, tp, ep, etp) <= gpus:
         return NVLINK, float(spec.nvlink)
     return NETWORK, float(spec.network) / gpus
 
@@ -58,9 +67,9 @@ def kind_of(op: str) -> str:
 
 def collectives(report, spec=None):
     """The collectives of one rank's sharded step (``report``: ``flopcount.count(..., world=)``), one row per kind,
-    group (``fsdp``: FSDP2's own, ``tp``: DTensor's) and phase: calls, ``sent`` (the bytes this rank sends, by the
-    ring rule), ``flops`` (a reduction's adds) and, on ``spec``'s machines, the ``link`` its group crosses and its
-    ``seconds`` there (sent / the link's bandwidth per rank and direction). Waits on a result move nothing and are
+    group (``fsdp``: FSDP2's own, ``tp``: DTensor's, ``ep``: expert parallel's all-to-alls) and phase: calls,
+    ``sent`` (the bytes this rank sends, by the ring rule), ``flops`` (a reduction's adds) and, on ``spec``'s
+    machines, the ``link`` its group crosses and its ``seconds`` there (sent / the link's bandwidth per rank and direction). Waits on a result move nothing and are
     left out."""
     import pandas as pd
 
@@ -75,7 +84,8 @@ def collectives(report, spec=None):
     if spec is not None:
         world = report.meta.get("world") or {}
         # one op per group stands for its link: every op of a group crosses the same one
-        chosen = [link("_c10d_functional.x" if grp == "tp" else "c10d.x", world, spec) for grp in out["group"]]
+        stand_in = {"tp": "_c10d_functional.x", "ep": "_c10d_functional.all_to_all_single", "fsdp": "c10d.x"}
+        chosen = [link(stand_in[grp], world, spec) for grp in out["group"]]
         out["link"] = [name for name, _ in chosen]
         out["seconds"] = [sent / bw for sent, (_, bw) in zip(out["sent"], chosen)]
     return out[columns]

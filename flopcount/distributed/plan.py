@@ -8,7 +8,8 @@ slice of the vocabulary, the looked-up rows all-reduced). Norms, rotary embeddin
 every rank computes them whole. Sequence parallelism (norms sharded on the sequence) is not
 applied. The plan is the model's own where it declares one (transformers' ``base_model_tp_plan`` and ``_tp_plan``:
 Llama, Qwen, Mistral, ...), else the torchtitan names (``attention.wq/wk/wv/wo``, ``feed_forward.w1/w2/w3``,
-``output``), else ``Layout.tp_plan``; styles other than column- and row-wise (packed or expert weights) are refused.
+``output``), else ``Layout.tp_plan``; styles other than column- and row-wise (packed weights) are refused, but for a
+mixture of experts' routed experts, which ``experts.py`` splits (EP and TP on them, as torchtitan does).
 
 FSDP2 (then, on the ``fsdp`` dimension): ``fully_shard`` on each block of the model's repeated layers (the longest
 ``ModuleList`` of one class), then on the root, which holds what is left (embeddings, final norm, LM head). Each
@@ -22,6 +23,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from flopcount.distributed import experts as moe
 from flopcount.distributed.layout import Layout, UnsupportedLayout
 
 TORCHTITAN_PLAN = {
@@ -44,6 +46,7 @@ def check_degrees(model: torch.nn.Module, layout: Layout) -> None:
     if layout.world > MAX_WORLD:  # the fake group's mesh lists every rank
         raise UnsupportedLayout(f"a world of {layout.world:,} ranks is past the {MAX_WORLD:,} flopcount lays out "
                                 "(more than any training job runs): count a smaller layout")
+    moe.check_experts(model, layout)
     if layout.tp > 1:
         _check_heads(model, layout.tp)
         widest = max([m.out_features for m in model.modules() if isinstance(m, torch.nn.Linear)]
@@ -73,11 +76,12 @@ def parallelize(model: torch.nn.Module, layout: Layout, mesh) -> List[str]:
     """Apply ``layout`` to ``model`` in place on ``mesh``; returns notes on what was done."""
     notes = []
     if layout.tp > 1:
-        tp_mesh = mesh["tp"] if layout.fsdp > 1 else mesh
-        notes += apply_tensor_parallel(model, tp_mesh, layout)
+        notes += apply_tensor_parallel(model, moe.sub_mesh(mesh, "tp"), layout)
+    notes += moe.shard_experts(model, layout, mesh)  # routed experts: EP, TP on them (after TP, as torchtitan)
     if layout.fsdp > 1:
-        fsdp_mesh = mesh["fsdp"] if layout.tp > 1 else mesh
-        notes += apply_fsdp(model, fsdp_mesh, layout.reshard_after_forward)
+        if layout.ep > 1:
+            moe.shard_expert_weights(model, layout, mesh, layout.reshard_after_forward)
+        notes += apply_fsdp(model, moe.sub_mesh(mesh, "fsdp"), layout.reshard_after_forward)
     return notes
 
 
@@ -131,6 +135,7 @@ def plan_notes(model: torch.nn.Module, layout: Layout) -> List[str]:
     """The notes ``parallelize`` would give, without sharding anything (a count of fewer layers standing for
     the whole model says what the whole one would be)."""
     notes = tensor_parallel_modules(model, layout)[1] if layout.tp > 1 else []
+    notes += moe.expert_notes(model, layout)
     if layout.fsdp > 1:
         notes.append(_fsdp_note(layout.fsdp, repeated_blocks(model), layout.reshard_after_forward))
     return notes
@@ -155,7 +160,10 @@ def tensor_parallel_modules(model: torch.nn.Module, layout: Layout) -> Tuple[dic
     _check_heads(model, degree)
     plan, notes = {}, []
     shared = _shared_weights(model)
+    experts = [name for name, _ in moe.expert_modules(model)]
     for pattern, style in tensor_parallel_plan(model, layout).items():
+        if experts and moe.expert_plan_entry(pattern, experts):
+            continue  # the routed experts are split as torchtitan splits them (experts.py)
         if style not in _STYLES:
             raise UnsupportedLayout(f"tensor-parallel style {style!r} of {pattern} is not supported (column- and "
                                     "row-wise linears only: packed and expert weights are not); give "

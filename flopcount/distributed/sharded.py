@@ -29,6 +29,7 @@ import torch
 from flopcount.base import collector
 from flopcount.base.errors import FlopcountError
 from flopcount.counting import AsGiven, aside, blocks, count_step, whole_report
+from flopcount.distributed.experts import assumptions
 from flopcount.distributed.fake_group import fake_world
 from flopcount.distributed.layout import layout_of
 from flopcount.distributed.plan import check_degrees, is_parallelized, parallelize, plan_notes
@@ -130,6 +131,8 @@ def _count_rank(model, inputs, layout, *, backward, loss_fn, name, as_device, ra
                         "group: compute on this rank's shards; collectives with the bytes this rank sends (ring)"]
     report.notes += notes
     report.meta.update(world=layout.to_dict(), rank=rank, plan_notes=notes)
+    if assumptions(model, layout):  # json's "assumptions": what the count depends on that a run would decide
+        report.meta["assumptions"] = assumptions(model, layout)
     return report
 
 
