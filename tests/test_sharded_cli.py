@@ -25,6 +25,23 @@ def test_count_tp_json_has_the_all_reduces_by_the_closed_form(capsys):
     assert doc["world"] == {"fsdp": 1, "tp": 2, "world": 2} and doc["rank"] == 0
 
 
+def test_count_sequence_parallel_json_has_no_all_reduce(capsys):
+    pytest.importorskip("transformers")
+    assert main(["count", LLAMA, "--seq-len", "16", "--tp", "2", "--sp", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert not _rows(doc, "_c10d_functional.all_reduce")
+    # forward: the embedding, o_proj and down_proj of the 2 layers reduce-scatter 1 x 16 tokens x 64, fp32, over
+    # 2 ranks: (2 - 1) / 2 x 4096 bytes each
+    fwd = _rows(doc, "_c10d_functional.reduce_scatter_tensor", "forward")
+    assert sum(r["calls"] for r in fwd) == 5 and sum(r["bytes"] for r in fwd) == 5 * 16 * 64 * 4 // 2
+    assert doc["world"] == {"fsdp": 1, "tp": 2, "sp": True, "world": 2}
+
+
+def test_sequence_parallel_without_tensor_parallel_is_refused(capsys):
+    assert main(["count", LLAMA, "--seq-len", "16", "--fsdp", "2", "--sp"]) == 2
+    assert "--tp 2 or more" in capsys.readouterr().err
+
+
 def test_count_fsdp_alone_gathers_the_parameters(capsys):
     pytest.importorskip("transformers")
     assert main(["count", LLAMA, "--seq-len", "16", "--fsdp", "4", "--by", "family", "--format", "csv"]) == 0
@@ -32,8 +49,8 @@ def test_count_fsdp_alone_gathers_the_parameters(capsys):
     assert "collective" in out
 
 
-@pytest.mark.parametrize("flag, words", [("--pp", "pipeline parallelism"), ("--cp", "context parallelism")])
-def test_pipeline_and_context_parallel_are_refused_in_one_line(flag, words, capsys):
+@pytest.mark.parametrize("flag, words", [("--pp", "pipeline parallelism")])
+def test_pipeline_parallel_is_refused_in_one_line(flag, words, capsys):
     assert main(["count", LLAMA, "--seq-len", "16", flag, "2"]) == 2
     err = capsys.readouterr().err.strip()
     assert words in err and "not supported" in err and len(err.splitlines()) == 1

@@ -175,17 +175,22 @@ def add_parallel(p: argparse.ArgumentParser) -> None:
                    help="FSDP2 over N ranks (fully_shard per layer); the batch is one rank's")
     g.add_argument("--tp", type=positive_int, default=None, metavar="M",
                    help="tensor parallel over M ranks (column/row-wise linears, as torchtitan's Llama plan)")
+    g.add_argument("--sp", action="store_true", default=None,
+                   help="with --tp: sequence parallel (norms on 1 / M of the sequence, all-gather and "
+                        "reduce-scatter in place of all-reduce), as torchtitan applies it")
     g.add_argument("--pp", type=positive_int, default=None, metavar="N", help="pipeline parallel: not supported")
-    g.add_argument("--cp", type=positive_int, default=None, metavar="N", help="context parallel: not supported")
+    g.add_argument("--cp", type=positive_int, default=None, metavar="N",
+                   help="context parallel over N ranks: the sequence split in 2N chunks, rank i holding chunks i and "
+                        "2N-1-i (torch's head-tail load balancing for causal attention)")
 
 
 def parallel_world(args) -> Optional[dict]:
     """The layout --fsdp/--tp ask for (``{"fsdp": N, "tp": M}``), None without them; --pp/--cp above 1 raise."""
-    asked = {k: getattr(args, k, None) for k in ("fsdp", "tp", "pp", "cp")}
+    asked = {k: getattr(args, k, None) for k in ("fsdp", "tp", "pp", "cp", "sp")}
     asked = {k: v for k, v in asked.items() if v is not None}
     if not asked:
         return None
     from flopcount.distributed.layout import layout_of
 
-    layout_of(asked)  # refuses --pp/--cp and bad degrees in one line
-    return {k: v for k, v in asked.items() if k in ("fsdp", "tp")}
+    layout_of(asked)  # refuses --pp and bad degrees in one line
+    return {k: v for k, v in asked.items() if k in ("fsdp", "tp", "cp", "sp")}

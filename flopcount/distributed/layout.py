@@ -21,9 +21,8 @@ class UnsupportedLayout(FlopcountError):
 
 _REFUSED = {
     "pp": "pipeline parallelism",
-    "cp": "context parallelism",
 }
-_NAMES = ("fsdp", "tp") + tuple(_REFUSED)
+_NAMES = ("fsdp", "tp", "cp", "sp") + tuple(_REFUSED)
 
 
 @dataclass(frozen=True)
@@ -37,30 +36,40 @@ class Layout:
     tp: int = 1
     reshard_after_forward: bool = True
     tp_plan: Optional[Dict[str, str]] = field(default=None, compare=False)
+    cp: int = 1
+    sp: bool = False
 
     def __post_init__(self):
-        for name in ("fsdp", "tp"):
+        for name in ("fsdp", "tp", "cp"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
                 raise UnsupportedLayout(f"--{name} must be a whole number of ranks, 1 or more, not {value!r}")
+        if self.sp not in (True, False):
+            raise UnsupportedLayout(f"sp must be True or False, not {self.sp!r}")
+        if self.sp and self.tp == 1:
+            raise UnsupportedLayout("sequence parallel (--sp) splits the sequence over the tensor-parallel ranks: "
+                                    "give --tp 2 or more with it")
 
     @property
     def world(self) -> int:
-        """The ranks of the layout: FSDP degree x tensor-parallel degree."""
-        return self.fsdp * self.tp
+        """The ranks of the layout: FSDP degree x context-parallel degree x tensor-parallel degree."""
+        return self.fsdp * self.cp * self.tp
 
     @property
     def dims(self) -> Dict[str, int]:
         """The mesh's dimensions of more than one rank, outermost first."""
-        return {n: d for n, d in (("fsdp", self.fsdp), ("tp", self.tp)) if d > 1}
+        return {n: d for n, d in (("fsdp", self.fsdp), ("cp", self.cp), ("tp", self.tp)) if d > 1}
 
     def describe(self) -> str:
         """The layout in words (``FSDP 2 x TP 4``, or ``one rank``)."""
-        return " x ".join(f"{n.upper()} {d}" for n, d in self.dims.items()) or "one rank"
+        words = " x ".join(f"{n.upper()} {d}" for n, d in self.dims.items()) or "one rank"
+        return words + (" (sequence parallel)" if self.sp else "")
 
     def to_dict(self) -> Dict[str, Any]:
-        """``{"fsdp", "tp", "world"}``."""
-        return {"fsdp": self.fsdp, "tp": self.tp, "world": self.world}
+        """``{"fsdp", "tp", "world"}``, and ``cp``, ``sp`` where they are used."""
+        extra = {"cp": self.cp} if self.cp > 1 else {}
+        extra.update({"sp": True} if self.sp else {})
+        return {"fsdp": self.fsdp, "tp": self.tp, **extra, "world": self.world}
 
 
 def layout_of(world) -> Layout:
@@ -74,7 +83,7 @@ def layout_of(world) -> Layout:
         unknown = [k for k in world if k not in _NAMES + ("reshard_after_forward", "tp_plan")]
         if unknown:
             raise UnsupportedLayout(f"unknown parallel dimension(s) {', '.join(map(repr, unknown))}; "
-                                    f"flopcount counts fsdp and tp")
+                                    f"flopcount counts fsdp, tp (with sp) and cp")
         for key, what in _REFUSED.items():
             degree = world.get(key, 1)
             if degree not in (None, 1):

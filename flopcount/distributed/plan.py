@@ -41,6 +41,8 @@ def check_degrees(model: torch.nn.Module, layout: Layout) -> None:
     """Refuse, before anything is sharded, degrees the model cannot be split into: tensor parallel past its heads
     (or not dividing them), FSDP past the rows of its largest parameter (FSDP2 shards each parameter's first
     dimension: further ranks would hold nothing), or past what can be set up in a bounded time."""
+    if layout.cp > 1:
+        raise UnsupportedLayout(f"context parallelism (cp {layout.cp}) is not supported yet")
     if layout.world > MAX_WORLD:  # the fake group's mesh lists every rank
         raise UnsupportedLayout(f"a world of {layout.world:,} ranks is past the {MAX_WORLD:,} flopcount lays out "
                                 "(more than any training job runs): count a smaller layout")
@@ -142,6 +144,13 @@ def apply_tensor_parallel(model: torch.nn.Module, mesh, layout: Layout) -> List[
     from torch.distributed.tensor.parallel import parallelize_module
 
     plan, notes = tensor_parallel_modules(model, layout)
+    if layout.sp:
+        from flopcount.distributed.sequence import sequence_parallel_styles
+
+        blocks = repeated_blocks(model)
+        blocks_name = next((n for n, m in model.named_modules() if m is blocks), "")
+        plan, more = sequence_parallel_styles(model, plan, blocks_name, blocks)
+        notes += more
     parallelize_module(model, mesh, plan)
     return notes
 
