@@ -41,8 +41,6 @@ def check_degrees(model: torch.nn.Module, layout: Layout) -> None:
     """Refuse, before anything is sharded, degrees the model cannot be split into: tensor parallel past its heads
     (or not dividing them), FSDP past the rows of its largest parameter (FSDP2 shards each parameter's first
     dimension: further ranks would hold nothing), or past what can be set up in a bounded time."""
-    if layout.cp > 1:
-        raise UnsupportedLayout(f"context parallelism (cp {layout.cp}) is not supported yet")
     if layout.world > MAX_WORLD:  # the fake group's mesh lists every rank
         raise UnsupportedLayout(f"a world of {layout.world:,} ranks is past the {MAX_WORLD:,} flopcount lays out "
                                 "(more than any training job runs): count a smaller layout")
@@ -75,12 +73,23 @@ def parallelize(model: torch.nn.Module, layout: Layout, mesh) -> List[str]:
     """Apply ``layout`` to ``model`` in place on ``mesh``; returns notes on what was done."""
     notes = []
     if layout.tp > 1:
-        tp_mesh = mesh["tp"] if layout.fsdp > 1 else mesh
-        notes += apply_tensor_parallel(model, tp_mesh, layout)
-    if layout.fsdp > 1:
-        fsdp_mesh = mesh["fsdp"] if layout.tp > 1 else mesh
-        notes += apply_fsdp(model, fsdp_mesh, layout.reshard_after_forward)
+        notes += apply_tensor_parallel(model, sub_mesh(mesh, layout, "tp"), layout)
+    if layout.fsdp > 1 or layout.cp > 1:
+        # CP ranks hold the same parameters: FSDP2 shards them over the FSDP and CP ranks together (torchtitan's
+        # dp_shard_cp mesh), so that their gradients are reduced together
+        notes += apply_fsdp(model, sub_mesh(mesh, layout, "fsdp", "cp"), layout.reshard_after_forward)
     return notes
+
+
+def sub_mesh(mesh, layout: Layout, *names: str):
+    """The part of ``mesh`` (dimensions ``layout.dims``) over the named dimensions, flattened into one where there
+    are several."""
+    names = tuple(n for n in names if n in layout.dims)
+    if len(layout.dims) <= 1:
+        return mesh
+    if len(names) == 1:
+        return mesh[names[0]]
+    return mesh[names]._flatten("_".join(names))
 
 
 # --- tensor parallel ------------------------------------------------------------------------------------------------
@@ -133,8 +142,8 @@ def plan_notes(model: torch.nn.Module, layout: Layout) -> List[str]:
     """The notes ``parallelize`` would give, without sharding anything (a count of fewer layers standing for
     the whole model says what the whole one would be)."""
     notes = tensor_parallel_modules(model, layout)[1] if layout.tp > 1 else []
-    if layout.fsdp > 1:
-        notes.append(_fsdp_note(layout.fsdp, repeated_blocks(model), layout.reshard_after_forward))
+    if layout.fsdp > 1 or layout.cp > 1:
+        notes.append(_fsdp_note(layout.fsdp * layout.cp, repeated_blocks(model), layout.reshard_after_forward))
     return notes
 
 
