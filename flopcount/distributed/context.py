@@ -45,6 +45,7 @@ from flopcount.distributed.layout import UnsupportedLayout
 
 SEQ = 1  # the sequence dimension of the step's inputs (batch x sequence)
 HEADS_SEQ = 2  # the sequence dimension of attention's (batch, heads, sequence, head dim) tensors
+LSE_ROWS = 32  # the memory-efficient kernel's log-sum-exp is padded to a multiple of this many query rows
 
 
 def head_tail_order(length: int, degree: int) -> torch.Tensor:
@@ -87,8 +88,7 @@ def local_inputs(inputs, degree: int, cp_rank: int):
 
     local = torch.utils._pytree.tree_map(cut, inputs)
     if isinstance(local, dict) and "input_ids" in local and "position_ids" not in local:
-        batch = local["input_ids"].shape[0]
-        local = dict(local, position_ids=mine.unsqueeze(0).expand(batch, -1))
+        local = dict(local, position_ids=mine.unsqueeze(0))  # one row for the batch, as the model makes its own
     return local
 
 
@@ -114,6 +114,11 @@ def ring_attention(cp_mesh) -> Iterator[None]:
         q, k, v = (DTensor.from_local(t, cp_mesh, [Shard(HEADS_SEQ)], run_check=False) for t in (query, key, value))
         if query.dtype in (torch.float16, torch.bfloat16) and query.shape[-1] <= 256:
             out = aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, True, False, scale=scale)[0]
+        elif query.shape[HEADS_SEQ] % (2 * LSE_ROWS):
+            raise UnsupportedLayout(f"context parallel in {query.dtype} runs memory-efficient attention, whose "
+                                    f"log-sum-exp is padded to {LSE_ROWS} rows, which torch's ring attention does "
+                                    f"not take off: each of the 2 chunks a rank holds ({query.shape[HEADS_SEQ] // 2} "
+                                    f"tokens) must be a multiple of {LSE_ROWS}")
         else:
             grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
             out = aten._scaled_dot_product_efficient_attention(q, k, v, None, grad, dropout_p, True,
