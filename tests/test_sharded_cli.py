@@ -42,6 +42,17 @@ def test_sequence_parallel_without_tensor_parallel_is_refused(capsys):
     assert "--tp 2 or more" in capsys.readouterr().err
 
 
+def test_count_context_parallel_json_has_the_key_value_all_gathers(capsys):
+    pytest.importorskip("transformers")
+    assert main(["count", LLAMA, "--seq-len", "128", "--cp", "2", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    # each attention all-gathers its keys and values once: 64 tokens x 8 heads (the 2 key heads repeated) x 8 x 2,
+    # fp32, half of the gathered buffer sent
+    fwd = _rows(doc, "_c10d_functional.all_gather_into_tensor", "forward")
+    assert sum(r["calls"] for r in fwd) == 2 and sum(r["bytes"] for r in fwd) == 2 * 64 * 8 * 8 * 2 * 4
+    assert doc["world"] == {"fsdp": 1, "tp": 1, "cp": 2, "world": 2}
+
+
 def test_count_fsdp_alone_gathers_the_parameters(capsys):
     pytest.importorskip("transformers")
     assert main(["count", LLAMA, "--seq-len", "16", "--fsdp", "4", "--by", "family", "--format", "csv"]) == 0

@@ -1,10 +1,10 @@
-"""A parallel layout: how many ranks shard the parameters (FSDP2) and how many split each layer (tensor parallel).
+"""A parallel layout: how many ranks shard the parameters (FSDP2), split each sequence (context parallel) and split
+each layer (tensor parallel, with or without sequence parallel).
 
-World size = fsdp x tp. The mesh is (fsdp, tp) with the tensor-parallel dimension innermost, as torchtitan builds
-it, so that a tensor-parallel group is the ranks of one node. Pipeline parallelism (a rank runs some layers of the
-model, with micro-batches and a schedule) and context parallelism (a rank holds part of each sequence, attention
-exchanging keys and values in a ring) are different programs from the model's own step: they are refused in one
-line, never counted as if they were the step.
+World size = fsdp x cp x tp. The mesh is (fsdp, cp, tp) with the tensor-parallel dimension innermost, as torchtitan
+builds it, so that a tensor-parallel group is the ranks of one node. Pipeline parallelism (a rank runs some layers of
+the model, with micro-batches and a schedule) is a different program from the model's own step: it is refused in
+one line, never counted as if it were the step.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from flopcount.base.errors import FlopcountError
 
 
 class UnsupportedLayout(FlopcountError):
-    """A parallel layout flopcount does not count (pipeline, context parallel) or a degree that is not valid."""
+    """A parallel layout flopcount does not count (pipeline) or a degree that is not valid."""
 
 
 _REFUSED = {
@@ -30,7 +30,9 @@ class Layout:
     """``fsdp``: ranks that shard every parameter, gradient and optimizer state (FSDP2, one data-parallel rank
     each); ``tp``: ranks that split each attention and MLP (tensor parallel). ``reshard_after_forward``: FSDP2
     frees the gathered parameters after each layer's forward and gathers them again in backward (its default).
-    ``tp_plan``: module path pattern -> "colwise" | "rowwise" | "colwise_rep" instead of the model's own plan."""
+    ``tp_plan``: module path pattern -> "colwise" | "rowwise" | "colwise_rep" instead of the model's own plan.
+    ``cp``: ranks that split each sequence (context parallel: torch's ring attention, the sequence balanced head to
+    tail); ``sp``: sequence parallel beside tensor parallel (norms and residual adds on 1 / tp of the sequence)."""
 
     fsdp: int = 1
     tp: int = 1
@@ -74,7 +76,7 @@ class Layout:
 
 def layout_of(world) -> Layout:
     """``world`` as a Layout: a Layout, a dict of degrees (``{"fsdp": 64, "tp": 8}``), or an int (FSDP over that
-    many ranks). A pipeline or context-parallel degree above 1 is refused in one line."""
+    many ranks). A pipeline degree above 1 is refused in one line."""
     if isinstance(world, Layout):
         return world
     if isinstance(world, numbers.Integral) and not isinstance(world, bool):

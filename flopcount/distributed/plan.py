@@ -5,8 +5,7 @@ value projections are column-wise (each rank computes its own heads), the output
 sums all-reduced); in each MLP the gate and up projections column-wise, the down projection row-wise; the LM head
 column-wise with its logits gathered (replicated) for the loss; the token embedding row-wise (each rank holds a
 slice of the vocabulary, the looked-up rows all-reduced). Norms, rotary embeddings and the loss stay replicated:
-every rank computes them whole. Sequence parallelism (norms sharded on the sequence) is not
-applied. The plan is the model's own where it declares one (transformers' ``base_model_tp_plan`` and ``_tp_plan``:
+every rank computes them whole, unless ``Layout(sp=True)`` adds sequence parallelism (``sequence.py``). The plan is the model's own where it declares one (transformers' ``base_model_tp_plan`` and ``_tp_plan``:
 Llama, Qwen, Mistral, ...), else the torchtitan names (``attention.wq/wk/wv/wo``, ``feed_forward.w1/w2/w3``,
 ``output``), else ``Layout.tp_plan``; styles other than column- and row-wise (packed or expert weights) are refused.
 
@@ -14,6 +13,7 @@ FSDP2 (then, on the ``fsdp`` dimension): ``fully_shard`` on each block of the mo
 ``ModuleList`` of one class), then on the root, which holds what is left (embeddings, final norm, LM head). Each
 block's parameters are gathered for its forward, freed, and gathered again for its backward (FSDP2's default,
 ``reshard_after_forward``); the root's stay gathered from its forward to its backward (FSDP2's default for a root).
+With context parallel, FSDP2 shards over the FSDP and CP ranks together (torchtitan's ``dp_shard_cp``).
 """
 from __future__ import annotations
 
