@@ -197,3 +197,38 @@ def test_head_tail_order_is_torchs(length, n):
     assert head_tail_order(8, 2).tolist() == [0, 1, 6, 7, 2, 3, 4, 5]
     torch_order = _HeadTailLoadBalancer(length, n, "cpu")._generate_indices()[0].tolist()
     assert head_tail_order(length, n).tolist() == torch_order
+
+
+def test_the_ring_collectives_take_the_cp_groups_link():
+    from flopcount.device.datasheet import get_device
+    from flopcount.distributed.links import NETWORK, NVLINK, link
+
+    spec = get_device("H100 SXM")  # 8 GPUs a node
+    ring = "_c10d_functional.all_gather_into_tensor"
+    # CP 2 x TP 4: a CP group is 2 ranks 4 apart (5 consecutive ranks), inside a node
+    assert link(ring, {"fsdp": 1, "cp": 2, "tp": 4}, spec)[0] == NVLINK
+    # CP 2 x TP 8: 2 ranks 8 apart cross nodes; FSDP 2 over fsdp x cp = 4 ranks 4 apart (13 ranks) too
+    assert link(ring, {"fsdp": 1, "cp": 2, "tp": 8}, spec)[0] == NETWORK
+    assert link("c10d._allgather_base_", {"fsdp": 2, "cp": 2, "tp": 4}, spec)[0] == NETWORK
+    assert link("c10d._allgather_base_", {"fsdp": 2, "tp": 4}, spec)[0] == NVLINK
+
+
+class Permutes(torch.nn.Module):
+    """Every rank sends its whole buffer to the next one (ring attention's rotation of key and value gradients)."""
+
+    def forward(self, x):
+        import torch.distributed._functional_collectives as funcol
+
+        world = torch.distributed.get_world_size()
+        out = funcol.permute_tensor(x * 2, [(r + 1) % world for r in range(world)], torch.distributed.group.WORLD)
+        return funcol.wait_tensor(out)
+
+
+def test_a_permutation_sends_its_whole_buffer_once():
+    from flopcount.distributed.fake_group import fake_world
+
+    with fake_world(Layout(fsdp=4)):
+        report = flopcount.count(Permutes(), torch.randn(4096), device="cpu", backward=False)
+    row = report.frame[report.frame["op"] == "_c10d_functional.all_to_all_single"]
+    # 4096 fp32 to one other rank: 16384 bytes sent (an even all-to-all would send 3/4 of them)
+    assert row["bytes"].sum() == 16384 and row["calls"].sum() == 1
