@@ -179,6 +179,18 @@ def test_context_parallel_composes_with_fsdp_and_tensor_parallel(cp_counts):
     assert reduces["bytes"].sum() == (1 + 2 * L) * 2 * BATCH * (S // 2) * H * 4 * (t - 1) // t
     assert with_tp.meta["world"] == {"fsdp": 1, "tp": 2, "cp": 2, "world": 4}
 
+    # sequence parallel on top: the same attention; the norms on S / (2 x 2) tokens a rank
+    with_sp = count_sharded(model, inputs, Layout(cp=2, tp=t, sp=True))
+    assert _family(with_sp, "attention") == _family(with_tp, "attention")
+    assert _family(with_sp, "matmul") == _family(with_tp, "matmul")
+
+    def norms(report):
+        f = report.frame
+        mask = f["module"].str.endswith("layernorm") | (f["module"] == "model.norm")
+        return f[mask & (f["family"] != "collective")]["flops"].sum()
+
+    assert norms(with_sp) * 2 * t == norms(cp_counts["whole"]) > 0
+
 
 def test_a_sequence_that_does_not_cut_into_2n_chunks_is_refused():
     pytest.importorskip("transformers")
