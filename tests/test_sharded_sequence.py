@@ -108,3 +108,21 @@ def test_sequence_parallel_needs_tensor_parallel():
         Layout(sp=True)
     with pytest.raises(UnsupportedLayout, match="--tp 2 or more"):
         flopcount.count(torch.nn.Linear(4, 4), torch.randn(2, 4), world={"fsdp": 2, "sp": True})
+
+
+def test_a_head_tied_to_the_embedding_is_kept_whole_and_takes_the_gathered_sequence():
+    pytest.importorskip("transformers")
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from test_sharded import HEADS, I, KV
+
+    cfg = LlamaConfig(vocab_size=V, hidden_size=H, intermediate_size=I, num_hidden_layers=L,
+                      num_attention_heads=HEADS, num_key_value_heads=KV, tie_word_embeddings=True)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    t, tokens = 2, BATCH * S
+    rank = count_sharded(model, _tokens(), Layout(tp=t, sp=True))
+    assert rank.uncounted == {}
+    kv = H // HEADS * KV
+    split = L * (2 * H * H + 2 * H * kv + 3 * H * I)  # the weights tensor parallel splits; the head is whole
+    assert _by(rank, "matmul", "forward")["flops"].sum() == 2 * tokens * (split // t + H * V)

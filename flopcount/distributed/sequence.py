@@ -68,6 +68,10 @@ def sequence_parallel_styles(model: torch.nn.Module, plan: Dict[str, object], bl
     if embedding_name not in out:  # kept whole: each rank takes its slice of the looked-up rows
         out[embedding_name] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(SEQ),
                                                   use_local_output=False)
+    head = model.get_output_embeddings() if callable(getattr(model, "get_output_embeddings", None)) else None
+    head_name = names.get(head)
+    if head_name and head_name not in out:  # a head kept whole (tied to the embedding) takes the gathered sequence
+        out[head_name] = GatherSequence(local=True)
     inside_blocks, norms = set(), []
     for index, block in enumerate(blocks):
         prefix = f"{blocks_name}.{index}"
@@ -97,7 +101,11 @@ def _first_argument(module: torch.nn.Module) -> str:
 class GatherSequence(ParallelStyle):
     """The input of an attention or MLP all-gathered on the sequence (torchtitan's ``PrepareModuleInput`` from
     ``Shard(1)`` to ``Replicate()``), whether it comes positionally or by its keyword (transformers passes an
-    attention's ``hidden_states`` by keyword)."""
+    attention's ``hidden_states`` by keyword). ``local``: handed on as a plain tensor (to a module left whole)."""
+
+    def __init__(self, local: bool = False):
+        super().__init__()
+        self.local = local
 
     def _apply(self, module: torch.nn.Module, device_mesh) -> torch.nn.Module:
         keyword = _first_argument(module)
@@ -107,7 +115,8 @@ class GatherSequence(ParallelStyle):
                 return x
             if not isinstance(x, DTensor):
                 x = DTensor.from_local(x, device_mesh, [Shard(SEQ)], run_check=False)
-            return x.redistribute(device_mesh, [Replicate()])
+            x = x.redistribute(device_mesh, [Replicate()])
+            return x.to_local() if self.local else x
 
         def hook(_module, args, kwargs):
             if args:
