@@ -244,3 +244,19 @@ def test_a_permutation_sends_its_whole_buffer_once():
     row = report.frame[report.frame["op"] == "_c10d_functional.all_to_all_single"]
     # 4096 fp32 to one other rank: 16384 bytes sent (an even all-to-all would send 3/4 of them)
     assert row["bytes"].sum() == 16384 and row["calls"].sum() == 1
+
+
+@pytest.mark.parametrize("i", [3])  # the last rank: every other rank's keys earlier than both its chunks
+def test_cp4_in_bfloat16_runs_flash_attention_blocks(i):
+    pytest.importorskip("transformers")
+    n, seq = 4, 64  # chunks of 8: flash attention's log-sum-exp has a row per query, no padding
+    model = _llama().to(torch.bfloat16)
+    ids = torch.zeros(BATCH, seq, dtype=torch.long)
+    rank = count_sharded(model, {"input_ids": ids, "labels": ids}, Layout(cp=n), rank=i)
+    c = seq // (2 * n)
+    fwd = sum(BATCH * HEADS * q * k * (4 * E + 5 + causal) for q, k, causal in _blocks(n, i, c))
+    flash = _op(rank, "aten._scaled_dot_product_flash_attention", "forward")
+    assert flash["flops"].sum() == L * fwd and flash["calls"].sum() == L * n
+    kv = BATCH * HEADS * (seq // n) * E * 2 * 2  # bf16 keys and values
+    gathers = _op(rank, "_c10d_functional.all_gather_into_tensor", "forward")
+    assert gathers["bytes"].sum() == L * (n - 1) * kv
