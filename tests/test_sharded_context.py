@@ -246,7 +246,7 @@ def test_a_permutation_sends_its_whole_buffer_once():
     assert row["bytes"].sum() == 16384 and row["calls"].sum() == 1
 
 
-@pytest.mark.parametrize("i", [3])  # the last rank: every other rank's keys earlier than both its chunks
+@pytest.mark.parametrize("i", [3])  # the last rank: each other rank's first chunk is earlier than both of its own
 def test_cp4_in_bfloat16_runs_flash_attention_blocks(i):
     pytest.importorskip("transformers")
     n, seq = 4, 64  # chunks of 8: flash attention's log-sum-exp has a row per query, no padding
