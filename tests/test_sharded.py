@@ -169,10 +169,10 @@ def test_fsdp_and_tensor_parallel_compose(llama_counts):
 
 
 # --- what is refused ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("world, words", [({"pp": 2}, "pipeline parallelism"), ({"cp": 4, "tp": 2},
-                                                                                "context parallelism"),
-                                          ({"fsdp": 0}, "whole number"), ({"ep": 2}, "borrows its ranks"),
-                                          ({"sp": 2}, "unknown parallel")])
+@pytest.mark.parametrize("world, words", [({"pp": 2}, "pipeline parallelism"), ({"fsdp": 0}, "whole number"),
+                                          ({"cp": 0}, "whole number"), ({"ep": 2}, "borrows its ranks"),
+                                          ({"sp": 2}, "True or False"),
+                                          ({"fsdp": 2, "cp": 2, "ep": 2}, "not counted yet")])
 def test_unsupported_layouts_are_refused_in_one_line(world, words):
     with pytest.raises(UnsupportedLayout) as err:
         flopcount.count(Blocks(), torch.randn(B, D), world=world)

@@ -25,6 +25,34 @@ def test_count_tp_json_has_the_all_reduces_by_the_closed_form(capsys):
     assert doc["world"] == {"fsdp": 1, "tp": 2, "world": 2} and doc["rank"] == 0
 
 
+def test_count_sequence_parallel_json_has_no_all_reduce(capsys):
+    pytest.importorskip("transformers")
+    assert main(["count", LLAMA, "--seq-len", "16", "--tp", "2", "--sp", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert not _rows(doc, "_c10d_functional.all_reduce")
+    # forward: the embedding, o_proj and down_proj of the 2 layers reduce-scatter 1 x 16 tokens x 64, fp32, over
+    # 2 ranks: (2 - 1) / 2 x 4096 bytes each
+    fwd = _rows(doc, "_c10d_functional.reduce_scatter_tensor", "forward")
+    assert sum(r["calls"] for r in fwd) == 5 and sum(r["bytes"] for r in fwd) == 5 * 16 * 64 * 4 // 2
+    assert doc["world"] == {"fsdp": 1, "tp": 2, "sp": True, "world": 2}
+
+
+def test_sequence_parallel_without_tensor_parallel_is_refused(capsys):
+    assert main(["count", LLAMA, "--seq-len", "16", "--fsdp", "2", "--sp"]) == 2
+    assert "--tp 2 or more" in capsys.readouterr().err
+
+
+def test_count_context_parallel_json_has_the_key_value_all_gathers(capsys):
+    pytest.importorskip("transformers")
+    assert main(["count", LLAMA, "--seq-len", "128", "--cp", "2", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    # each attention all-gathers its keys and values once: 64 tokens x 8 heads (the 2 key heads repeated) x 8 x 2,
+    # fp32, half of the gathered buffer sent
+    fwd = _rows(doc, "_c10d_functional.all_gather_into_tensor", "forward")
+    assert sum(r["calls"] for r in fwd) == 2 and sum(r["bytes"] for r in fwd) == 2 * 64 * 8 * 8 * 2 * 4
+    assert doc["world"] == {"fsdp": 1, "tp": 1, "cp": 2, "world": 2}
+
+
 def test_count_fsdp_alone_gathers_the_parameters(capsys):
     pytest.importorskip("transformers")
     assert main(["count", LLAMA, "--seq-len", "16", "--fsdp", "4", "--by", "family", "--format", "csv"]) == 0
@@ -46,8 +74,8 @@ def test_count_ep_json_states_its_routing_assumption(capsys):
     assert {r["group"] for r in doc["collectives"] if r["kind"] == "all-to-all"} == {"ep"}
 
 
-@pytest.mark.parametrize("flag, words", [("--pp", "pipeline parallelism"), ("--cp", "context parallelism")])
-def test_pipeline_and_context_parallel_are_refused_in_one_line(flag, words, capsys):
+@pytest.mark.parametrize("flag, words", [("--pp", "pipeline parallelism")])
+def test_pipeline_parallel_is_refused_in_one_line(flag, words, capsys):
     assert main(["count", LLAMA, "--seq-len", "16", flag, "2"]) == 2
     err = capsys.readouterr().err.strip()
     assert words in err and "not supported" in err and len(err.splitlines()) == 1

@@ -66,7 +66,7 @@ def _fake(world):
     return flopcount.count(model, {"input_ids": ids, "labels": ids}, world=world)
 
 
-@pytest.mark.parametrize("world", [{"fsdp": 2}, {"tp": 2}])
+@pytest.mark.parametrize("world", [{"fsdp": 2}, {"tp": 2}, {"tp": 2, "sp": True}])
 def test_a_measured_rank_counts_what_the_fake_group_counts(tmp_path, world):
     pytest.importorskip("transformers")
     script = tmp_path / "worker.py"

@@ -180,20 +180,25 @@ def add_parallel(p: argparse.ArgumentParser) -> None:
                         "experts' routed experts split E/N per rank, tokens sent by all-to-all (balanced routing)")
     g.add_argument("--etp", type=positive_int, default=None, metavar="M",
                    help="with --ep: the experts' tensor-parallel degree, 1 (default: EP takes the TP ranks) or --tp")
+    g.add_argument("--sp", action="store_true", default=None,
+                   help="with --tp: sequence parallel (norms on 1 / M of the sequence, all-gather and "
+                        "reduce-scatter in place of all-reduce), as torchtitan applies it")
     g.add_argument("--pp", type=positive_int, default=None, metavar="N", help="pipeline parallel: not supported")
-    g.add_argument("--cp", type=positive_int, default=None, metavar="N", help="context parallel: not supported")
+    g.add_argument("--cp", type=positive_int, default=None, metavar="N",
+                   help="context parallel over N ranks: the sequence split in 2N chunks, rank i holding chunks i and "
+                        "2N-1-i (torch's head-tail load balancing for causal attention)")
 
 
 def parallel_world(args) -> Optional[dict]:
     """The layout --fsdp/--tp ask for (``{"fsdp": N, "tp": M}``), None without them; --pp/--cp above 1 raise."""
-    asked = {k: getattr(args, k, None) for k in ("fsdp", "tp", "ep", "etp", "pp", "cp")}
+    asked = {k: getattr(args, k, None) for k in ("fsdp", "tp", "ep", "etp", "pp", "cp", "sp")}
     asked = {k: v for k, v in asked.items() if v is not None}
     if not asked:
         return None
     from flopcount.distributed.layout import layout_of
 
-    layout_of(asked)  # refuses --pp/--cp and bad degrees in one line
-    return {k: v for k, v in asked.items() if k in ("fsdp", "tp", "ep", "etp")}
+    layout_of(asked)  # refuses --pp and bad degrees in one line
+    return {k: v for k, v in asked.items() if k in ("fsdp", "tp", "ep", "etp", "cp", "sp")}
 
 
 def add_causal(p: argparse.ArgumentParser) -> None:

@@ -19,11 +19,13 @@ from flopcount.counting.stand_ins import StandIns, autocast_device, stand_ins
 class AsGiven:
     """Count a model as it is (no stand-ins): a model the caller sharded (FSDP2, tensor parallel), whose
     parameters its hooks swap during the step. ``mode``: a fake-tensor mode the step runs under (its tensors made
-    there); ``unwrap``: tensor subclasses counted through the local ops they run (DTensor)."""
+    there); ``unwrap``: tensor subclasses counted through the local ops they run (DTensor); ``within``: a context
+    manager (made by calling it) entered inside the kernel routing, over it (context parallel's ring attention)."""
 
-    def __init__(self, mode=None, unwrap: tuple = ()):
+    def __init__(self, mode=None, unwrap: tuple = (), within=None):
         self.mode = mode
         self.unwrap = tuple(unwrap)
+        self.within = within
 
 
 @contextmanager
@@ -69,6 +71,8 @@ def counting(model, inputs=None, *, device: str = "meta", as_device: str = "cpu"
         if device == "meta":
             stack.enter_context(kernels_as(as_device))
             stack.enter_context(known_values())
+        if given is not None and given.within is not None:
+            stack.enter_context(given.within())
         counter.graph = grad  # without grad no autograd node is made: none to tag with its module
         counter.stack = stack.enter_context(module_stack(model, on_change=counter.claim if grad else None,
                                                          on_output=counter.record_output))

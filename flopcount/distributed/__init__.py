@@ -2,9 +2,12 @@
 steps counted per rank in one process on a fake process group.
 
 * ``processes``: a process group for a measurement under torchrun, the DDP wrapper, sums over ranks.
-* ``layout``: a parallel layout (FSDP degree, tensor-parallel degree), checked; unsupported layouts refused.
+* ``layout``: a parallel layout (FSDP, context-parallel and tensor-parallel degrees, sequence parallel), checked;
+  unsupported layouts refused.
 * ``fake_group``: a fake process group of any world size in this one process, and the device mesh on it.
-* ``plan``: FSDP2 and tensor parallelism applied to a model as torchtitan applies them to a Llama.
+* ``plan``: FSDP2 and tensor parallelism applied to a model as torchtitan applies them to a Llama;
+  ``sequence``: sequence parallelism beside tensor parallel; ``context``: context parallelism (the sequence split
+  head to tail, torch's ring attention).
 * ``experts``: a mixture of experts' routed experts under expert parallel and TP, as torchtitan splits them.
 * ``sharded``: one rank's step counted on fake tensors, collectives included (``flopcount.count(..., world=)``).
 """
@@ -45,6 +48,9 @@ def shard_launched(model, world, device: str):
     if layout.ep > 1:  # the fake group's experts dispatch by balanced routing: a real run routes by its data
         raise UnsupportedLayout("expert parallel (--ep) is counted on a fake process group only, under balanced "
                                 "routing; it is not measured under torchrun")
+    if layout.cp > 1:
+        raise UnsupportedLayout(f"context parallel ({layout.describe()}) is counted on a fake process group "
+                                "(flopcount count --cp N), not measured under torchrun")
     if not dist.is_initialized() or dist.get_world_size() != layout.world:
         ranks = dist.get_world_size() if dist.is_initialized() else 1
         raise UnsupportedLayout(f"{layout.describe()} needs {layout.world} ranks and {ranks} are running: "

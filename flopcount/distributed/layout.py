@@ -1,11 +1,11 @@
-"""A parallel layout: how many ranks shard the parameters (FSDP2) and how many split each layer (tensor parallel).
+"""A parallel layout: how many ranks shard the parameters (FSDP2), split each sequence (context parallel) and split
+each layer (tensor parallel, with or without sequence parallel).
 
-World size = fsdp x tp; expert parallel (``ep``) borrows FSDP (and TP) ranks and adds none, as in torchtitan. The
-mesh is (fsdp, tp) with the tensor-parallel dimension innermost, as torchtitan builds it, so that a tensor-parallel
-group is the ranks of one node. Pipeline parallelism (a rank runs some layers of the
-model, with micro-batches and a schedule) and context parallelism (a rank holds part of each sequence, attention
-exchanging keys and values in a ring) are different programs from the model's own step: they are refused in one
-line, never counted as if they were the step.
+World size = fsdp x cp x tp; expert parallel (``ep``) borrows FSDP (and TP) ranks and adds none, as in torchtitan.
+The mesh is (fsdp, cp, tp) with the tensor-parallel dimension innermost, as torchtitan builds it, so that a
+tensor-parallel group is the ranks of one node. Pipeline parallelism (a rank runs some layers of the model, with
+micro-batches and a schedule) is a different program from the model's own step: it is refused in one line, never
+counted as if it were the step.
 """
 from __future__ import annotations
 
@@ -17,14 +17,13 @@ from flopcount.base.errors import FlopcountError
 
 
 class UnsupportedLayout(FlopcountError):
-    """A parallel layout flopcount does not count (pipeline, context parallel) or a degree that is not valid."""
+    """A parallel layout flopcount does not count (pipeline) or a degree that is not valid."""
 
 
 _REFUSED = {
     "pp": "pipeline parallelism",
-    "cp": "context parallelism",
 }
-_NAMES = ("fsdp", "tp", "ep", "etp") + tuple(_REFUSED)
+_NAMES = ("fsdp", "tp", "ep", "etp", "cp", "sp") + tuple(_REFUSED)
 
 
 @dataclass(frozen=True)
@@ -36,7 +35,9 @@ class Layout:
     ``ep``: ranks that split a mixture of experts' routed experts (expert parallel); they are borrowed from the
     FSDP ranks (and the TP ranks where ``etp`` is 1), never added to the world, as torchtitan composes them.
     ``etp``: the tensor-parallel degree of the routed experts under EP: 1 (torchtitan's default: EP takes the TP
-    ranks too) or ``tp`` (each expert split over the TP ranks as well); ``None`` is 1."""
+    ranks too) or ``tp`` (each expert split over the TP ranks as well); ``None`` is 1.
+    ``cp``: ranks that split each sequence (context parallel: torch's ring attention, the sequence balanced head to
+    tail); ``sp``: sequence parallel beside tensor parallel (norms and residual adds on 1 / tp of the sequence)."""
 
     fsdp: int = 1
     tp: int = 1
@@ -44,43 +45,54 @@ class Layout:
     tp_plan: Optional[Dict[str, str]] = field(default=None, compare=False)
     ep: int = 1
     etp: Optional[int] = None
+    cp: int = 1
+    sp: bool = False
 
     def __post_init__(self):
-        for name in ("fsdp", "tp", "ep") + (("etp",) if self.etp is not None else ()):
+        for name in ("fsdp", "tp", "ep", "cp") + (("etp",) if self.etp is not None else ()):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
                 raise UnsupportedLayout(f"--{name} must be a whole number of ranks, 1 or more, not {value!r}")
+        if self.sp not in (True, False):
+            raise UnsupportedLayout(f"sp must be True or False, not {self.sp!r}")
+        if self.sp and self.tp == 1:
+            raise UnsupportedLayout("sequence parallel (--sp) splits the sequence over the tensor-parallel ranks: "
+                                    "give --tp 2 or more with it")
+        if self.ep > 1 and self.cp > 1:
+            # torchtitan's EP borrows from FSDP x CP; the expert mesh here is built from FSDP (x TP) alone
+            raise UnsupportedLayout("expert parallel (--ep) together with context parallel (--cp) is not counted yet")
         if self.ep > 1:
             _check_expert_degrees(self.fsdp, self.tp, self.ep, self.etp or 1)
 
     @property
     def world(self) -> int:
-        """The ranks of the layout: FSDP degree x tensor-parallel degree."""
-        return self.fsdp * self.tp
+        """The ranks of the layout: FSDP degree x context-parallel degree x tensor-parallel degree."""
+        return self.fsdp * self.cp * self.tp
 
     @property
     def dims(self) -> Dict[str, int]:
         """The mesh's dimensions of more than one rank, outermost first."""
-        return {n: d for n, d in (("fsdp", self.fsdp), ("tp", self.tp)) if d > 1}
+        return {n: d for n, d in (("fsdp", self.fsdp), ("cp", self.cp), ("tp", self.tp)) if d > 1}
 
     def describe(self) -> str:
         """The layout in words (``FSDP 2 x TP 4``, ``FSDP 4, EP 2``, or ``one rank``)."""
         words = " x ".join(f"{n.upper()} {d}" for n, d in self.dims.items()) or "one rank"
         if self.ep > 1:
             words += f", EP {self.ep}" + (f" (ETP {self.etp})" if self.tp > 1 else "")
-        return words
+        return words + (" (sequence parallel)" if self.sp else "")
 
     def to_dict(self) -> Dict[str, Any]:
-        """``{"fsdp", "tp", "world"}``, with ``"ep"`` and ``"etp"`` where experts are split."""
-        d = {"fsdp": self.fsdp, "tp": self.tp, "world": self.world}
+        """``{"fsdp", "tp", "world"}``, with ``cp``, ``sp``, ``ep`` and ``etp`` where they are used."""
+        extra = {"cp": self.cp} if self.cp > 1 else {}
+        extra.update({"sp": True} if self.sp else {})
         if self.ep > 1:
-            d.update(ep=self.ep, etp=self.etp or 1)
-        return d
+            extra.update(ep=self.ep, etp=self.etp or 1)
+        return {"fsdp": self.fsdp, "tp": self.tp, **extra, "world": self.world}
 
 
 def layout_of(world) -> Layout:
     """``world`` as a Layout: a Layout, a dict of degrees (``{"fsdp": 64, "tp": 8}``), or an int (FSDP over that
-    many ranks). A pipeline or context-parallel degree above 1 is refused in one line."""
+    many ranks). A pipeline degree above 1 is refused in one line."""
     if isinstance(world, Layout):
         return world
     if isinstance(world, numbers.Integral) and not isinstance(world, bool):
@@ -89,7 +101,7 @@ def layout_of(world) -> Layout:
         unknown = [k for k in world if k not in _NAMES + ("reshard_after_forward", "tp_plan")]
         if unknown:
             raise UnsupportedLayout(f"unknown parallel dimension(s) {', '.join(map(repr, unknown))}; "
-                                    f"flopcount counts fsdp, tp and ep (etp)")
+                                    f"flopcount counts fsdp, tp (with sp), cp and ep (etp)")
         for key, what in _REFUSED.items():
             degree = world.get(key, 1)
             if degree not in (None, 1):

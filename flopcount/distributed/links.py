@@ -38,6 +38,14 @@ def link(op: str, world: Mapping[str, int], spec) -> Tuple[str, float]:
     """(link name, bytes/s per rank in each direction) of collective ``op`` on ``spec``'s machines, for a step
     sharded as ``world`` (``{"fsdp": F, "tp": T}``; a report of a model sharded by its owner has only ``world``)."""
     fsdp, tp = int(world.get("fsdp", 0) or 0), int(world.get("tp", 0) or 0)
+    # under context parallel FSDP2 shards over the FSDP and CP ranks together (the mesh is fsdp, cp, tp), and the
+    # ring attention's functional collectives, which cannot be told from tensor parallel's by their names, are
+    # given the wider of the two groups' links: the CP group's, cp ranks tp apart (as an FSDP group of cp ranks)
+    cp = int(world.get("cp", 1) or 1)
+    if cp > 1 and group_of(op) == "fsdp":
+        fsdp *= cp
+    elif cp > 1:
+        fsdp, op = cp, "c10d.x"
     if not fsdp and not tp:  # only the world size is known: every collective spans it
         fsdp, tp = int(world.get("world", 1) or 1), 1
     fsdp, tp = max(fsdp, 1), max(tp, 1)

@@ -5,9 +5,8 @@ value projections are column-wise (each rank computes its own heads), the output
 sums all-reduced); in each MLP the gate and up projections column-wise, the down projection row-wise; the LM head
 column-wise with its logits gathered (replicated) for the loss; the token embedding row-wise (each rank holds a
 slice of the vocabulary, the looked-up rows all-reduced). Norms, rotary embeddings and the loss stay replicated:
-every rank computes them whole. Sequence parallelism (norms sharded on the sequence) is not
-applied. The plan is the model's own where it declares one (transformers' ``base_model_tp_plan`` and ``_tp_plan``:
-Llama, Qwen, Mistral, ...), else the torchtitan names (``attention.wq/wk/wv/wo``, ``feed_forward.w1/w2/w3``,
+every rank computes them whole, unless ``Layout(sp=True)`` adds sequence parallelism (``sequence.py``). The plan
+is the model's own where it declares one (transformers' ``base_model_tp_plan`` and ``_tp_plan``: Llama, Qwen, Mistral, ...), else the torchtitan names (``attention.wq/wk/wv/wo``, ``feed_forward.w1/w2/w3``,
 ``output``), else ``Layout.tp_plan``; styles other than column- and row-wise (packed weights) are refused, but for a
 mixture of experts' routed experts, which ``experts.py`` splits (EP and TP on them, as torchtitan does).
 
@@ -15,6 +14,7 @@ FSDP2 (then, on the ``fsdp`` dimension): ``fully_shard`` on each block of the mo
 ``ModuleList`` of one class), then on the root, which holds what is left (embeddings, final norm, LM head). Each
 block's parameters are gathered for its forward, freed, and gathered again for its backward (FSDP2's default,
 ``reshard_after_forward``); the root's stay gathered from its forward to its backward (FSDP2's default for a root).
+With context parallel, FSDP2 shards over the FSDP and CP ranks together (torchtitan's ``dp_shard_cp``).
 """
 from __future__ import annotations
 
@@ -76,13 +76,28 @@ def parallelize(model: torch.nn.Module, layout: Layout, mesh) -> List[str]:
     """Apply ``layout`` to ``model`` in place on ``mesh``; returns notes on what was done."""
     notes = []
     if layout.tp > 1:
-        notes += apply_tensor_parallel(model, moe.sub_mesh(mesh, "tp"), layout)
+        tp_mesh = moe.sub_mesh(mesh, "tp") if layout.ep > 1 else sub_mesh(mesh, layout, "tp")
+        notes += apply_tensor_parallel(model, tp_mesh, layout)
     notes += moe.shard_experts(model, layout, mesh)  # routed experts: EP, TP on them (after TP, as torchtitan)
-    if layout.fsdp > 1:
+    if layout.fsdp > 1 or layout.cp > 1:
         if layout.ep > 1:
             moe.shard_expert_weights(model, layout, mesh, layout.reshard_after_forward)
-        notes += apply_fsdp(model, moe.sub_mesh(mesh, "fsdp"), layout.reshard_after_forward)
+        # CP ranks hold the same parameters: FSDP2 shards them over the FSDP and CP ranks together (torchtitan's
+        # dp_shard_cp mesh), so that their gradients are reduced together (EP with CP is refused in layout.py)
+        fsdp_mesh = moe.sub_mesh(mesh, "fsdp") if layout.ep > 1 else sub_mesh(mesh, layout, "fsdp", "cp")
+        notes += apply_fsdp(model, fsdp_mesh, layout.reshard_after_forward)
     return notes
+
+
+def sub_mesh(mesh, layout: Layout, *names: str):
+    """The part of ``mesh`` (dimensions ``layout.dims``) over the named dimensions, flattened into one where there
+    are several."""
+    names = tuple(n for n in names if n in layout.dims)
+    if len(layout.dims) <= 1:
+        return mesh
+    if len(names) == 1:
+        return mesh[names[0]]
+    return mesh[names]._flatten("_".join(names))
 
 
 # --- tensor parallel ------------------------------------------------------------------------------------------------
@@ -136,8 +151,8 @@ def plan_notes(model: torch.nn.Module, layout: Layout) -> List[str]:
     the whole model says what the whole one would be)."""
     notes = tensor_parallel_modules(model, layout)[1] if layout.tp > 1 else []
     notes += moe.expert_notes(model, layout)
-    if layout.fsdp > 1:
-        notes.append(_fsdp_note(layout.fsdp, repeated_blocks(model), layout.reshard_after_forward))
+    if layout.fsdp > 1 or layout.cp > 1:
+        notes.append(_fsdp_note(layout.fsdp * layout.cp, repeated_blocks(model), layout.reshard_after_forward))
     return notes
 
 
@@ -147,6 +162,13 @@ def apply_tensor_parallel(model: torch.nn.Module, mesh, layout: Layout) -> List[
     from torch.distributed.tensor.parallel import parallelize_module
 
     plan, notes = tensor_parallel_modules(model, layout)
+    if layout.sp:
+        from flopcount.distributed.sequence import sequence_parallel_styles
+
+        blocks = repeated_blocks(model)
+        blocks_name = next((n for n, m in model.named_modules() if m is blocks), "")
+        plan, more = sequence_parallel_styles(model, plan, blocks_name, blocks)
+        notes += more
     parallelize_module(model, mesh, plan)
     return notes
 

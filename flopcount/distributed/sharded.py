@@ -32,7 +32,8 @@ from flopcount.counting import AsGiven, aside, blocks, count_step, whole_report
 from flopcount.distributed.experts import assumptions
 from flopcount.distributed.fake_group import fake_world
 from flopcount.distributed.layout import layout_of
-from flopcount.distributed.plan import check_degrees, is_parallelized, parallelize, plan_notes
+from flopcount.distributed.context import check_sequence, local_inputs, ring_attention
+from flopcount.distributed.plan import check_degrees, is_parallelized, parallelize, plan_notes, sub_mesh
 
 
 @contextmanager
@@ -91,6 +92,8 @@ def count_sharded(model: torch.nn.Module, inputs, world, *, backward: bool = Tru
         raise FlopcountError("this model is sharded already: count it as it is, without world= (under the "
                              "process group it was sharded on)")
     check_degrees(model, layout)  # before any rank's shard is made: a degree past the model never starts
+    if layout.cp > 1:
+        check_sequence(inputs, layout.cp)
     name = model_name or type(model).__name__
 
     def once():
@@ -121,12 +124,20 @@ def _count_rank(model, inputs, layout, *, backward, loss_fn, name, as_device, ra
         notes = parallelize(sharded, layout, mesh)
         with mode:
             sharded.to_empty(device="cpu")
+        within = None
+        if layout.cp > 1:  # this rank's 2 chunks of the sequence, its attention a ring over the CP ranks
+            cp_mesh = sub_mesh(mesh, layout, "cp")
+            inputs = local_inputs(inputs, layout.cp, cp_mesh.get_local_rank())
+            within = lambda: ring_attention(cp_mesh)  # noqa: E731
+            notes.append(f"context parallel {layout.cp}: this rank holds chunks {cp_mesh.get_local_rank()} and "
+                         f"{2 * layout.cp - 1 - cp_mesh.get_local_rank()} of {2 * layout.cp} of the sequence; "
+                         "attention is torch's ring attention (keys and values all-gathered)")
         with global_shapes_aside(), warnings.catch_warnings(), collector.paused(collect_after=True):
             # FSDP2 warns of a root that returns a view (a transformers output); the count does nothing in place
             warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
             report = count_step(sharded, fake_inputs(inputs, mode), backward=backward, loss_fn=loss_fn,
                                 device="meta", model_name=name, as_device=as_device,
-                                given=AsGiven(mode=mode, unwrap=(DTensor,)))
+                                given=AsGiven(mode=mode, unwrap=(DTensor,), within=within))
     report.notes[:0] = [f"rank {rank} of {layout.describe()} (world {layout.world}), counted on a fake process "
                         "group: compute on this rank's shards; collectives with the bytes this rank sends (ring)"]
     report.notes += notes

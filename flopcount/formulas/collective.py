@@ -207,8 +207,18 @@ def _f_all_reduce(input, reduce_op, group_name, out_shape=None):
 
 @register("_c10d_functional.all_to_all_single", "_c10d_functional_autograd.all_to_all_single", family=FAMILY)
 def _f_all_to_all(input, output_split_sizes, input_split_sizes, group_name, out_shape=None):
-    """Functional all-to-all: no arithmetic; (w - 1) / w of the input leaves the rank."""
-    return all_to_all(_elements(input), _group_size(group_name))
+    """Functional all-to-all: no arithmetic; (w - 1) / w of the input leaves the rank, or, with the split sizes
+    given, every row but those this rank sends itself (a permutation, ring attention's rotation of keys and values,
+    sends its whole input to one other rank)."""
+    n, w = _elements(input), _group_size(group_name)
+    splits = [int(x) for x in (input_split_sizes or ())]
+    if len(splits) != w or not is_shape(input) or not len(input) or sum(splits) != input[0]:
+        return all_to_all(n, w)
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    own = splits[dist.get_rank(_resolve_process_group(group_name))]
+    return 0, (sum(splits) - own) * (n // input[0])
 
 
 @register("_c10d_functional.broadcast", "_c10d_functional.broadcast_", family=FAMILY)

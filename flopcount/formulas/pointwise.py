@@ -109,6 +109,7 @@ COST: Dict[str, Cost] = {
     "_prelu_kernel": 2,  # x > 0 ? x : w * x: compare, multiply
     # log(sigmoid(x)) = min(x, 0) - log1p(exp(-|x|)): min, abs, negate, exp, log1p, subtract
     "log_sigmoid_forward": 6,
+    "log_sigmoid": 6,  # the same, reaching the dispatcher whole where no gradient is wanted (ring attention's merge)
     # backwards: g is the incoming gradient
     "threshold_backward": 1,  # x > t ? g : 0
     "hardtanh_backward": 2,  # min < x < max ? g : 0
