@@ -6,6 +6,8 @@ steps counted per rank in one process on a fake process group.
 * ``fake_group``: a fake process group of any world size in this one process, and the device mesh on it.
 * ``plan``: FSDP2 and tensor parallelism applied to a model as torchtitan applies them to a Llama.
 * ``sharded``: one rank's step counted on fake tensors, collectives included (``flopcount.count(..., world=)``).
+* ``pipeline``: the stages torchtitan cuts, a stage's module and inputs, sends and receives, the bubble;
+  ``pipelined``: one pipeline rank counted stage by stage; ``per_rank``: every distinct rank of a layout.
 """
 from __future__ import annotations
 
@@ -19,7 +21,17 @@ __all__ = ["Layout", "UnsupportedLayout", "layout_of", "launched_group", "reduce
 
 
 def count_sharded(model, inputs, world, **options):
-    """One rank's training step of ``model`` sharded as ``world`` says (see ``sharded.count_sharded``)."""
+    """One rank's training step of ``model`` sharded as ``world`` says (see ``sharded.count_sharded``; a
+    pipeline-parallel layout: ``pipelined.count_pipeline_rank``)."""
+    layout = layout_of(world)
+    if layout.pp > 1:
+        from flopcount.base.errors import FlopcountError
+        from flopcount.distributed.pipelined import count_pipeline_rank
+
+        if options.pop("optimizer", None) is not None:
+            raise FlopcountError("optimizer= with world= is not supported: the sharded count covers forward and "
+                                 "backward (with their collectives)")
+        return count_pipeline_rank(model, inputs, layout, **options)
     from flopcount.distributed.sharded import count_sharded as count
 
     return count(model, inputs, world, **options)

@@ -17,12 +17,18 @@ NVLINK, NETWORK = "nvlink", "network"
 
 
 def group_of(op: str) -> str:
-    """``"tp"`` for DTensor's functional collectives, ``"fsdp"`` for the process group's own (FSDP2's)."""
+    """``"tp"`` for DTensor's functional collectives, ``"pp"`` for a pipeline's sends and receives, ``"fsdp"`` for
+    the process group's own (FSDP2's)."""
+    if op in ("c10d.send", "c10d.recv_"):
+        return "pp"
     return "tp" if op.startswith("_c10d_functional") else "fsdp"
 
 
 def span(group: str, fsdp: int, tp: int) -> int:
-    """Consecutive ranks one group of the mesh covers."""
+    """Consecutive ranks one group of the mesh covers (a pipeline's neighbours are fsdp x tp ranks apart: the
+    pipeline dimension is outermost)."""
+    if group == "pp":
+        return fsdp * tp + 1
     return tp if group == "tp" else (fsdp - 1) * tp + 1
 
 
@@ -75,7 +81,8 @@ def collectives(report, spec=None):
     if spec is not None:
         world = report.meta.get("world") or {}
         # one op per group stands for its link: every op of a group crosses the same one
-        chosen = [link("_c10d_functional.x" if grp == "tp" else "c10d.x", world, spec) for grp in out["group"]]
+        stands_for = {"tp": "_c10d_functional.x", "pp": "c10d.send"}
+        chosen = [link(stands_for.get(grp, "c10d.x"), world, spec) for grp in out["group"]]
         out["link"] = [name for name, _ in chosen]
         out["seconds"] = [sent / bw for sent, (_, bw) in zip(out["sent"], chosen)]
     return out[columns]
