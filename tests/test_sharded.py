@@ -169,7 +169,7 @@ def test_fsdp_and_tensor_parallel_compose(llama_counts):
 
 
 # --- what is refused ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("world, words", [({"pp": 2}, "pipeline parallelism"), ({"cp": 4, "tp": 2},
+@pytest.mark.parametrize("world, words", [({"pp": 2}, "transformers causal LM"), ({"cp": 4, "tp": 2},
                                                                                 "context parallelism"),
                                           ({"fsdp": 0}, "whole number"), ({"ep": 2}, "unknown parallel")])
 def test_unsupported_layouts_are_refused_in_one_line(world, words):

@@ -32,8 +32,8 @@ def test_count_fsdp_alone_gathers_the_parameters(capsys):
     assert "collective" in out
 
 
-@pytest.mark.parametrize("flag, words", [("--pp", "pipeline parallelism"), ("--cp", "context parallelism")])
-def test_pipeline_and_context_parallel_are_refused_in_one_line(flag, words, capsys):
+@pytest.mark.parametrize("flag, words", [("--cp", "context parallelism")])
+def test_context_parallel_is_refused_in_one_line(flag, words, capsys):
     assert main(["count", LLAMA, "--seq-len", "16", flag, "2"]) == 2
     err = capsys.readouterr().err.strip()
     assert words in err and "not supported" in err and len(err.splitlines()) == 1
