@@ -176,3 +176,11 @@ def test_a_model_without_stages_to_cut_is_refused():
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
     with pytest.raises(UnsupportedLayout, match="transformers causal LM"):
         flopcount.count(model, torch.randn(2, 8), world={"pp": 2})
+
+
+def test_a_pipelines_sends_cross_to_the_next_stage_group():
+    from flopcount.distributed.links import group_of, span
+
+    assert group_of("c10d.send") == group_of("c10d.recv_") == "pp"
+    # the pipeline dimension is outermost: rank r's next stage is rank r + fsdp x tp
+    assert span("pp", 4, 8) == 4 * 8 + 1

@@ -20,7 +20,8 @@ def collective_table(frame, device: Optional[str] = None, width=None, color=None
         cols += [R.Col("link"), R.Col("seconds", R.SECONDS, "time on link")]
         total["seconds"] = float(frame["seconds"].sum())
     notes = ["sent: the bytes this rank sends in the group's ring (it receives as much at once); group: fsdp "
-             "(FSDP2's own collectives) or tp (DTensor's)"]
+             "(FSDP2's own collectives) or tp (DTensor's)"
+             + ("; pp: a pipeline's sends to the next and previous stages" if (frame["group"] == "pp").any() else "")]
     if "link" in frame.columns:
         notes.append(f"time on link: sent / the link's bandwidth per rank and direction on {device}'s machines, "
                      "nothing overlapped (the least time)")
