@@ -156,15 +156,11 @@ def run(args) -> int:
 
 def all_ranks(model, inputs, options: dict, report, args) -> dict:
     """``{"ranks": [...], "total": {...}}``: every distinct rank once (the rank already counted reused)."""
-    from flopcount.distributed import count_sharded
-    from flopcount.distributed.per_rank import distinct_ranks, rank_row, world_total
+    from flopcount.distributed.per_rank import count_ranks, rank_row, world_total
 
-    extra = {k: v for k, v in options.items() if k not in ("world", "rank")}
-    rows = []
-    for d in distinct_ranks(options["world"]):
-        counted = report if d["rank"] == report.meta.get("rank") else count_sharded(
-            model, inputs, options["world"], backward=not args.no_backward, rank=d["rank"], **extra)
-        rows.append(rank_row(counted, d["rank"], d["ranks_alike"]))
+    extra = {k: v for k, v in options.items() if k != "world"}
+    counted = count_ranks(model, inputs, options["world"], reuse=report, backward=not args.no_backward, **extra)
+    rows = [rank_row(rep, rank, alike) for rank, alike, rep in counted]
     return {"ranks": rows, "total": world_total(rows)}
 
 

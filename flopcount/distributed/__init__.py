@@ -53,6 +53,9 @@ def shard_launched(model, world, device: str):
     from flopcount.distributed.plan import parallelize
 
     layout = layout_of(world)
+    if layout.pp > 1:
+        raise UnsupportedLayout("a pipeline-parallel step is counted per rank on a fake process group (count "
+                                "--pp); measuring one under torchrun is not supported")
     if not dist.is_initialized() or dist.get_world_size() != layout.world:
         ranks = dist.get_world_size() if dist.is_initialized() else 1
         raise UnsupportedLayout(f"{layout.describe()} needs {layout.world} ranks and {ranks} are running: "

@@ -50,11 +50,12 @@ def world_total(rows: List[dict]) -> dict:
             "collective_bytes": sum(r["collective_bytes"] * r["ranks_alike"] for r in rows)}
 
 
-def count_ranks(model, inputs, world, **options) -> List[tuple]:
+def count_ranks(model, inputs, world, reuse=None, **options) -> List[tuple]:
     """``[(rank, ranks_alike, FlopReport)]``: every distinct rank of ``world`` counted once
-    (``count_sharded(..., rank=)``, the options its own)."""
+    (``count_sharded(..., rank=)``, the options its own); ``reuse``, a report of one of them counted already."""
     from flopcount.distributed import count_sharded
 
     options.pop("rank", None)
-    return [(d["rank"], d["ranks_alike"], count_sharded(model, inputs, world, rank=d["rank"], **options))
-            for d in distinct_ranks(world)]
+    done = reuse.meta.get("rank") if reuse is not None else None
+    return [(d["rank"], d["ranks_alike"], reuse if d["rank"] == done else
+             count_sharded(model, inputs, world, rank=d["rank"], **options)) for d in distinct_ranks(world)]

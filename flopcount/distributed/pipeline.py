@@ -35,7 +35,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 from fractions import Fraction
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Tuple
 
 import torch
 
@@ -148,9 +148,8 @@ def build_stage(model, parts: _Parts, stage: int, stages: int, layers: range, in
     if stage > 0:  # fed the hidden states the previous stage sends
         setattr(base, parts.embedding, None)
         ids = inputs.pop("input_ids")
-        hidden = _hidden_size(model)
-        inputs["inputs_embeds"] = torch.empty(*ids.shape, hidden, dtype=_dtype(model), device="meta",
-                                              requires_grad=True)
+        hidden, dtype = message_of(model)
+        inputs["inputs_embeds"] = torch.empty(*ids.shape, hidden, dtype=dtype, device="meta", requires_grad=True)
     if stage < stages - 1:  # returns its hidden states: the base model, without its final norm
         setattr(base, parts.norm, torch.nn.Identity())
         inputs.pop("labels", None)
@@ -158,13 +157,10 @@ def build_stage(model, parts: _Parts, stage: int, stages: int, layers: range, in
     return whole, inputs, None, ""
 
 
-def _hidden_size(model) -> int:
+def message_of(model) -> Tuple[int, torch.dtype]:
+    """(hidden size, dtype) of the hidden states stages send each other: the input embedding's."""
     embedding = model.get_input_embeddings()
-    return int(embedding.embedding_dim)
-
-
-def _dtype(model) -> torch.dtype:
-    return model.get_input_embeddings().weight.dtype
+    return int(embedding.embedding_dim), embedding.weight.dtype
 
 
 def microbatch(inputs, size: int):

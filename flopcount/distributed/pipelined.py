@@ -7,7 +7,8 @@ from typing import Callable, Optional
 from flopcount.base.report import COLUMNS, FlopReport
 from flopcount.distributed.layout import Layout, UnsupportedLayout
 from flopcount.distributed.pipeline import (SEND, bubble, bubble_formula, build_stage, check_pipeline, layers_note,
-                                            microbatch, p2p_rows, renamer, stage_layers, stage_layout, stages_of)
+                                            message_of, microbatch, p2p_rows, renamer, stage_layers, stage_layout,
+                                            stages_of)
 
 KEYS = ["module", "op", "phase", "dtype", "family", "status"]
 _PATH_DICTS = ("params", "module_types", "module_outputs")
@@ -54,7 +55,7 @@ def count_pipeline_rank(model, inputs, layout: Layout, *, backward: bool = True,
         once = [is_fsdp_collective(op, fam) for op, fam in zip(f["op"], f["family"])]
         for col in ("flops", "bytes", "calls"):
             f[col] = [x if o else x * m for x, o in zip(f[col], once)]
-        hidden, dtype = _message(model)
+        hidden, dtype = message_of(model)
         p2p = pd.DataFrame(p2p_rows(stage, total, size * _seq(inputs) * hidden * dtype.itemsize,
                                     str(dtype).replace("torch.", ""), backward))
         if len(p2p):
@@ -94,11 +95,6 @@ def _merge_meta(meta: dict, stage: dict, rename: Callable[[str], str]) -> None:
             seen += [rename(p) for p in value if rename(p) not in seen]
         elif key not in meta:
             meta[key] = value
-
-
-def _message(model):
-    embedding = model.get_input_embeddings()
-    return int(embedding.embedding_dim), embedding.weight.dtype
 
 
 def _seq(inputs) -> int:
