@@ -2,9 +2,11 @@
 backward, the sends between stages and the bubble, each against a value worked here.
 
 The model: a 4-layer Llama, hidden 64, batch 4 of 16 tokens, fp32. Microbatches default to the batch (torchtitan's
-microbatches of one sample). A stage runs the model's own forward, so each stage makes its own rotary table: the
-one listed difference between the sum over the ranks and the whole model's count (the rotary table does not
-depend on the batch, so the whole step makes it once, a pipeline once per stage and microbatch).
+microbatches of one sample). The listed differences between the sum over the ranks and the whole model's count:
+
+* a stage runs the model's own forward, so each stage makes its own rotary table (it does not depend on the
+  batch: the whole step makes it once, a pipeline once per stage and microbatch);
+* each microbatch's gradients are added to the ones accumulated before it: (m - 1) adds per parameter.
 """
 from fractions import Fraction
 
@@ -83,7 +85,8 @@ def test_the_ranks_sum_to_the_whole_step_but_the_rotary_table_made_on_every_stag
     rotary = {k: int(v) for k, v in rotary.groupby("family")["flops"].sum().items() if v}
     assert rotary  # made once in the whole step (its table does not depend on the batch)
     made = p * B  # once per stage and microbatch in the pipeline
-    expected = _sum([_family(whole), {k: (made - 1) * v for k, v in rotary.items()}])
+    params = sum(t.numel() for t in counts["model"].parameters())
+    expected = _sum([_family(whole), {k: (made - 1) * v for k, v in rotary.items()}, {"pointwise": (B - 1) * params}])
     assert {k: v for k, v in _sum(_family(r) for r in counts[p]).items() if v} == \
         {k: v for k, v in expected.items() if v}
     # the matrix products alone add up exactly: 2 x tokens x weights forward, and every stage's are its layers'
@@ -101,6 +104,13 @@ def test_each_boundary_sends_the_hidden_states_forward_and_their_gradient_back(c
         assert sends["calls"].sum() == B * ((stage < p - 1) + (stage > 0))
         recvs = _rows(report, "c10d.recv_")
         assert recvs["calls"].sum() == B * ((stage < p - 1) + (stage > 0)) and recvs["bytes"].sum() == 0
+
+
+def test_the_gradients_of_the_microbatches_are_added_up(counts):
+    last = counts[2][1]
+    adds = last.frame[(last.frame["op"] == "aten.add_") & (last.frame["module"] == "lm_head")]
+    # B - 1 microbatches' gradients added to the first's: (B - 1) x H x V adds, two read and one written (fp32)
+    assert adds["flops"].sum() == (B - 1) * H * V and adds["bytes"].sum() == (B - 1) * 3 * H * V * 4
 
 
 @pytest.mark.parametrize("p", [2, 4])
@@ -156,6 +166,12 @@ def test_pipeline_composes_with_tensor_parallel(counts):
     assert world["matmul"] == whole["matmul"] and world["attention"] == whole["attention"]
     # listed difference: the reductions (the RMS norms' means, the loss's) run whole on every tensor-parallel rank
     assert world["reduction"] == 2 * _sum(_family(r) for r in counts[2])["reduction"]
+    # the gradients added up over the microbatches: each rank adds its shard of the split weights (the embedding
+    # rows, every linear) and the whole of the replicated norms, so the world adds every parameter once and the
+    # norms twice
+    adds = sum(2 * r.frame.loc[r.frame["op"] == "aten.add_", "flops"].sum() for r in ranks)
+    params, norms = sum(t.numel() for t in model.parameters()), L * 2 * H + H
+    assert adds == (B - 1) * (params + norms)
     # each tensor-parallel rank holds the whole (replicated) hidden states and sends them to its peer
     assert _rows(ranks[0], "c10d.send")["bytes"].sum() == B * ACT
     assert ranks[1].meta["rank"] == 2 and ranks[1].meta["pipeline"]["rank_stages"] == [1]

@@ -21,6 +21,10 @@ How, and why this way:
   counted ``microbatches`` times, but for FSDP2's own collectives: with a pipeline torchtitan keeps a stage's
   parameters gathered from forward to backward (``reshard_after_forward`` off) and the pipeline's stage reduces the
   gradients at the last microbatch only, so the gathers and reduce-scatters are once per step.
+* Each microbatch's parameter gradients are added to those of the microbatches before it (``aten.add_``, one add
+  per element of the rank's gradient, for every microbatch but the first): work the whole step at the full batch
+  does not do. Under tensor parallel a rank adds its shard; under FSDP2 the unsharded gradient, which a pipeline
+  reduces only at the last microbatch.
 * Between stages every microbatch sends its activations forward and its input gradient back
   (``c10d.send`` / ``c10d.recv_`` rows of the collective family): ``microbatch x seq x hidden x element size``
   bytes each way per boundary; a receive sends nothing (the sender counts the bytes).
@@ -198,6 +202,39 @@ def p2p_rows(stage: int, stages: int, message_bytes: int, dtype: str, backward: 
         if backward:
             row(SEND, "backward", message_bytes)
     return rows
+
+
+def accumulation_rows(stage_module, layout: Layout, microbatches: int, rename: Callable[[str], str]) -> List[dict]:
+    """The gradient of every trained parameter added to the accumulated one for each microbatch after the first:
+    ``aten.add_`` rows of the backward, ``microbatches - 1`` adds per element of the rank's (tensor-parallel) shard,
+    two elements read and one written each."""
+    if microbatches < 2:
+        return []
+    split = _tensor_parallel_split(stage_module, layout)
+    rows = []
+    for path, module in stage_module.named_modules():
+        for name, p in module.named_parameters(recurse=False):
+            if not p.requires_grad:
+                continue
+            n = p.numel() // layout.tp if split.get(path) in ("all", name) else p.numel()
+            k = microbatches - 1
+            rows.append(dict(module=rename(path), op="aten.add_", phase="backward",
+                             dtype=str(p.dtype).replace("torch.", ""), family="pointwise", status="counted",
+                             flops=k * n, bytes=k * 3 * n * p.element_size(), calls=k))
+    return rows
+
+
+def _tensor_parallel_split(stage_module, layout: Layout) -> dict:
+    """Module path -> which of its parameters tensor parallel splits: "all" (column-wise: weight and bias),
+    "weight" (row-wise linears and embeddings: the bias, added after the reduction, stays whole)."""
+    if layout.tp == 1:
+        return {}
+    from torch.distributed.tensor.parallel import ColwiseParallel
+
+    from flopcount.distributed.plan import tensor_parallel_modules
+
+    plan, _ = tensor_parallel_modules(stage_module, layout)
+    return {path: "all" if isinstance(style, ColwiseParallel) else "weight" for path, style in plan.items()}
 
 
 def check_pipeline(model, inputs, layout: Layout) -> Tuple[_Parts, int, int]:

@@ -6,7 +6,7 @@ from typing import Callable, Optional
 
 from flopcount.base.report import COLUMNS, FlopReport
 from flopcount.distributed.layout import Layout, UnsupportedLayout
-from flopcount.distributed.pipeline import (SEND, bubble, bubble_formula, build_stage, check_pipeline, layers_note,
+from flopcount.distributed.pipeline import (SEND, accumulation_rows, bubble, bubble_formula, build_stage, check_pipeline, layers_note,
                                             message_of, microbatch, p2p_rows, renamer, stage_layers, stage_layout,
                                             stages_of)
 
@@ -60,7 +60,8 @@ def count_pipeline_rank(model, inputs, layout: Layout, *, backward: bool = True,
                                     str(dtype).replace("torch.", ""), backward))
         if len(p2p):
             p2p[["flops", "bytes", "calls"]] *= m
-        frames += [f, p2p]
+        accumulated = pd.DataFrame(accumulation_rows(module, layout, m, rename))
+        frames += [f, p2p, accumulated]
         notes += [n for n in report.notes[1:] if n not in notes]
         _merge_meta(meta, report.meta, rename)
         phases = report.phases
@@ -79,6 +80,9 @@ def count_pipeline_rank(model, inputs, layout: Layout, *, backward: bool = True,
             " (Narayanan et al. 2021); time, not FLOPs",
             "each stage runs the model's own forward: its rotary tables and attention mask are made on every stage, "
             "not once"]
+    if m > 1:
+        head.append(f"each microbatch's gradients are added to the others' ({m - 1} aten.add_ per gradient element, "
+                    "backward): work the whole step at the full batch does not do")
     if layout.fsdp > 1:
         head.append("FSDP2 under a pipeline: parameters gathered once and gradients reduce-scattered once per step "
                     "(reshard_after_forward off, as torchtitan sets it; the last microbatch reduces)")
