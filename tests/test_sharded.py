@@ -169,7 +169,7 @@ def test_fsdp_and_tensor_parallel_compose(llama_counts):
 
 
 # --- what is refused ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("world, words", [({"pp": 2}, "pipeline parallelism"), ({"fsdp": 0}, "whole number"),
+@pytest.mark.parametrize("world, words", [({"pp": 2}, "transformers causal LM"), ({"fsdp": 0}, "whole number"),
                                           ({"cp": 0}, "whole number"), ({"ep": 2}, "borrows its ranks"),
                                           ({"sp": 2}, "True or False"),
                                           ({"fsdp": 2, "cp": 2, "ep": 2}, "not counted yet")])

@@ -167,9 +167,10 @@ def add_model(p: argparse.ArgumentParser, batch_default: Optional[int] = 1, batc
                        help="token-id inputs of this length (hf: models, or a model whose first op is an embedding)")
 
 
-def add_parallel(p: argparse.ArgumentParser) -> None:
-    """--fsdp/--tp: one rank of a sharded step (FSDP2, tensor parallel) on a fake process group; --pp/--cp are
-    there to be refused in one line rather than misread."""
+def add_parallel(p: argparse.ArgumentParser, pipeline: bool = False) -> None:
+    """--fsdp/--tp/--sp/--cp/--ep: one rank of a sharded step on a fake process group; with ``pipeline`` (``count``)
+    --pp and its schedule, --rank and --all-ranks; elsewhere --pp is there to be refused in one line rather than
+    misread."""
     g = p.add_argument_group("sharded training (one rank, counted on a fake process group)")
     g.add_argument("--fsdp", type=positive_int, default=None, metavar="N",
                    help="FSDP2 over N ranks (fully_shard per layer); the batch is one rank's")
@@ -183,22 +184,43 @@ def add_parallel(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sp", action="store_true", default=None,
                    help="with --tp: sequence parallel (norms on 1 / M of the sequence, all-gather and "
                         "reduce-scatter in place of all-reduce), as torchtitan applies it")
-    g.add_argument("--pp", type=positive_int, default=None, metavar="N", help="pipeline parallel: not supported")
     g.add_argument("--cp", type=positive_int, default=None, metavar="N",
                    help="context parallel over N ranks: the sequence split in 2N chunks, rank i holding chunks i and "
                         "2N-1-i (torch's head-tail load balancing for causal attention)")
+    g.add_argument("--pp", type=positive_int, default=None, metavar="N",
+                   help="pipeline parallel over N ranks, the layers cut into stages as torchtitan cuts them"
+                   if pipeline else "pipeline parallel: counted by `flopcount count`")
+    if not pipeline:
+        return
+    g.add_argument("--microbatches", type=positive_int, default=None, metavar="M",
+                   help="--pp: microbatches per step (default: the batch, torchtitan's microbatches of one sample)")
+    g.add_argument("--schedule", choices=("1f1b", "interleaved-1f1b"), default=None,
+                   help="--pp: the pipeline schedule (default 1f1b)")
+    g.add_argument("--stages-per-rank", type=positive_int, default=None, metavar="V",
+                   help="--schedule interleaved-1f1b: stages each rank runs (default 2)")
+    g.add_argument("--rank", type=natural_int, default=None, metavar="R", help="the rank counted (default 0)")
+    g.add_argument("--all-ranks", action="store_true",
+                   help="every distinct rank once, with how many ranks it stands for, and the sum over the world")
 
 
-def parallel_world(args) -> Optional[dict]:
-    """The layout --fsdp/--tp ask for (``{"fsdp": N, "tp": M}``), None without them; --pp/--cp above 1 raise."""
-    asked = {k: getattr(args, k, None) for k in ("fsdp", "tp", "ep", "etp", "pp", "cp", "sp")}
+_PIPELINE = ("microbatches", "schedule", "stages_per_rank")
+
+
+def parallel_world(args, pipeline: bool = False) -> Optional[dict]:
+    """The layout --fsdp/--tp/--cp/--sp/--ep (and with ``pipeline``, --pp and its schedule) ask for (``{"fsdp": N,
+    "tp": M}``), None without them; --pp raises where ``pipeline`` is off."""
+    asked = {k: getattr(args, k, None) for k in ("fsdp", "tp", "ep", "etp", "cp", "sp", "pp") + _PIPELINE}
     asked = {k: v for k, v in asked.items() if v is not None}
     if not asked:
         return None
     from flopcount.distributed.layout import layout_of
 
-    layout_of(asked)  # refuses --pp and bad degrees in one line
-    return {k: v for k, v in asked.items() if k in ("fsdp", "tp", "ep", "etp", "cp", "sp")}
+    if asked.get("pp", 1) > 1 and not pipeline:
+        raise FlopcountError(f"--pp {asked['pp']}: a pipeline rank's step is counted by `flopcount count` only")
+    if asked.keys() & set(_PIPELINE) and asked.get("pp", 1) == 1:
+        raise FlopcountError("--microbatches, --schedule and --stages-per-rank apply to a pipeline: give --pp N")
+    layout_of(asked)  # bad degrees in one line
+    return {k: v for k, v in asked.items() if k in ("fsdp", "tp", "ep", "etp", "cp", "sp", "pp") + _PIPELINE}
 
 
 def add_causal(p: argparse.ArgumentParser) -> None:

@@ -42,7 +42,7 @@ def add(sub) -> None:
                    help="also count at batch 1 and list every op whose FLOPs are not exactly batch x batch-1")
     p.add_argument("--every-block", action="store_true",
                    help="count every layer (default: a run of identical layers counted once, exact and checked)")
-    add_parallel(p)
+    add_parallel(p, pipeline=True)
     add_format(p)
 
 
@@ -62,9 +62,11 @@ def run(args) -> int:
         args.by = "module" if args.depth is not None else "op"
     if args.depth is not None and args.by != "module":
         raise FlopcountError("--depth applies to --by module")
-    world = parallel_world(args)
+    world = parallel_world(args, pipeline=True)
+    if world is None and (args.rank is not None or args.all_ranks):
+        raise FlopcountError("--rank and --all-ranks pick ranks of a sharded layout: give --fsdp, --tp or --pp")
     if world is not None and (args.device != "meta" or args.check_scaling or args.estimator != "dispatch"):
-        raise FlopcountError("--fsdp/--tp count one rank on a fake process group: on meta, with the dispatch "
+        raise FlopcountError("--fsdp/--tp/--pp count one rank on a fake process group: on meta, with the dispatch "
                              "estimator, without --check-scaling")
     if world is None and (args.by == "collective" or args.device_spec is not None):
         raise FlopcountError(f"{'--by collective' if args.by == 'collective' else '--device-spec'} applies to a "
@@ -82,10 +84,13 @@ def run(args) -> int:
     options = {"as_device": args.as_device} if args.as_device != "cpu" else {}
     if world is not None:
         options["world"] = world
+        if args.rank is not None:
+            options["rank"] = args.rank
     with model_errors(name, inputs), counting(f"counting {name}", wanted=not args.no_progress), \
             whole_counts(args):
         report = count(model, inputs, estimator=args.estimator, backward=not args.no_backward, device=args.device,
                        **options)
+        ranks = all_ranks(model, inputs, options, report, args) if args.all_ranks else None
         mismatches = None
         if args.check_scaling:
             mismatches = check_scaling(model, name, batch=args.batch, input_shape=args.input_shape,
@@ -117,9 +122,13 @@ def run(args) -> int:
             tree = report.by("module", depth=args.depth, collapse=args.collapse)
             doc["modules"] = records(tree.assign(type=[tree.attrs["types"].get(m, "") for m in tree.index])
                                      .reset_index())
+        if ranks is not None:
+            doc.update(ranks)
         if mismatches is not None:
             doc["scaling"] = {"batch": args.batch, "ok": mismatches.empty, "mismatches": records(mismatches)}
         print_json(doc)
+    elif ranks is not None:
+        print_ranks(ranks, report, args.format)
     elif args.format == "csv":
         if args.by == "collective":
             print_frame(comm.set_index("kind"), "csv")
@@ -143,6 +152,40 @@ def run(args) -> int:
             print(mismatch_table(mismatches), file=sys.stderr)
             return EXIT_CHECK_FAILED
     return EXIT_OK
+
+
+def all_ranks(model, inputs, options: dict, report, args) -> dict:
+    """``{"ranks": [...], "total": {...}}``: every distinct rank once (the rank already counted reused)."""
+    from flopcount.distributed.per_rank import count_ranks, rank_row, world_total
+
+    extra = {k: v for k, v in options.items() if k != "world"}
+    counted = count_ranks(model, inputs, options["world"], reuse=report, backward=not args.no_backward, **extra)
+    rows = [rank_row(rep, rank, alike) for rank, alike, rep in counted]
+    return {"ranks": rows, "total": world_total(rows)}
+
+
+def print_ranks(ranks: dict, report, fmt: str) -> None:
+    """--all-ranks as a table or csv: one row per distinct rank, and the world's sum."""
+    import pandas as pd
+
+    from flopcount.cli import render as R
+
+    phases = [p for p in ("forward", "backward") if p in report.phases]
+    frame = pd.DataFrame([dict(rank=r["rank"], stages=",".join(map(str, r.get("stages", []))) or "-",
+                               ranks_alike=r["ranks_alike"], **{p: r["flops"][p] for p in phases},
+                               total=r["flops"]["total"], sent=r["collective_bytes"]) for r in ranks["ranks"]])
+    if fmt == "csv":
+        print_frame(frame.set_index("rank"), "csv")
+        return
+    t = ranks["total"]
+    cols = [R.Col("rank"), R.Col("stages"), R.Col("ranks_alike", R.INT, "ranks alike")] + [
+        R.Col(p, R.FLOPS) for p in phases] + [R.Col("total", R.FLOPS), R.Col("sent", R.BYTES, "sent over links")]
+    total = dict({p: t["flops"][p] for p in phases}, ranks_alike=t["ranks"], total=t["flops"]["total"],
+                 sent=t["collective_bytes"])
+    notes = [f"note: {n}" for n in report.notes if n.startswith("pipeline bubble")]
+    notes.append("each row: one rank, standing for its ranks alike (same stages, even FSDP/TP shards); the total "
+                 "row sums every rank of the world; sent: bytes this rank's collectives send")
+    print(R.table(frame, cols, title=[_headline(report)], total=total, notes=notes))
 
 
 def count_table(report, by: str, *, depth=None, top=None, width=None, color=None, collapse: bool = False,

@@ -2,7 +2,7 @@
 steps counted per rank in one process on a fake process group.
 
 * ``processes``: a process group for a measurement under torchrun, the DDP wrapper, sums over ranks.
-* ``layout``: a parallel layout (FSDP, context-parallel and tensor-parallel degrees, sequence parallel), checked;
+* ``layout``: a parallel layout (pipeline, FSDP, context-parallel, tensor-parallel and expert degrees), checked;
   unsupported layouts refused.
 * ``fake_group``: a fake process group of any world size in this one process, and the device mesh on it.
 * ``plan``: FSDP2 and tensor parallelism applied to a model as torchtitan applies them to a Llama;
@@ -10,6 +10,8 @@ steps counted per rank in one process on a fake process group.
   head to tail, torch's ring attention).
 * ``experts``: a mixture of experts' routed experts under expert parallel and TP, as torchtitan splits them.
 * ``sharded``: one rank's step counted on fake tensors, collectives included (``flopcount.count(..., world=)``).
+* ``pipeline``: the stages torchtitan cuts, a stage's module and inputs, sends and receives, the bubble;
+  ``pipelined``: one pipeline rank counted stage by stage; ``per_rank``: every distinct rank of a layout.
 """
 from __future__ import annotations
 
@@ -23,7 +25,17 @@ __all__ = ["Layout", "UnsupportedLayout", "layout_of", "launched_group", "reduce
 
 
 def count_sharded(model, inputs, world, **options):
-    """One rank's training step of ``model`` sharded as ``world`` says (see ``sharded.count_sharded``)."""
+    """One rank's training step of ``model`` sharded as ``world`` says (see ``sharded.count_sharded``; a
+    pipeline-parallel layout: ``pipelined.count_pipeline_rank``)."""
+    layout = layout_of(world)
+    if layout.pp > 1:
+        from flopcount.base.errors import FlopcountError
+        from flopcount.distributed.pipelined import count_pipeline_rank
+
+        if options.pop("optimizer", None) is not None:
+            raise FlopcountError("optimizer= with world= is not supported: the sharded count covers forward and "
+                                 "backward (with their collectives)")
+        return count_pipeline_rank(model, inputs, layout, **options)
     from flopcount.distributed.sharded import count_sharded as count
 
     return count(model, inputs, world, **options)
@@ -51,6 +63,9 @@ def shard_launched(model, world, device: str):
     if layout.cp > 1:
         raise UnsupportedLayout(f"context parallel ({layout.describe()}) is counted on a fake process group "
                                 "(flopcount count --cp N), not measured under torchrun")
+    if layout.pp > 1:
+        raise UnsupportedLayout("a pipeline-parallel step is counted per rank on a fake process group (count "
+                                "--pp); measuring one under torchrun is not supported")
     if not dist.is_initialized() or dist.get_world_size() != layout.world:
         ranks = dist.get_world_size() if dist.is_initialized() else 1
         raise UnsupportedLayout(f"{layout.describe()} needs {layout.world} ranks and {ranks} are running: "

@@ -1,11 +1,11 @@
-"""A parallel layout: how many ranks shard the parameters (FSDP2), split each sequence (context parallel) and split
-each layer (tensor parallel, with or without sequence parallel).
+"""A parallel layout: how many pipeline stages the layers are cut into (pipeline parallel), how many ranks shard
+the parameters (FSDP2), split each sequence (context parallel) and split each layer (tensor parallel, with or
+without sequence parallel), and how a mixture of experts' routed experts are split (expert parallel).
 
-World size = fsdp x cp x tp; expert parallel (``ep``) borrows FSDP (and TP) ranks and adds none, as in torchtitan.
-The mesh is (fsdp, cp, tp) with the tensor-parallel dimension innermost, as torchtitan builds it, so that a
-tensor-parallel group is the ranks of one node. Pipeline parallelism (a rank runs some layers of the model, with
-micro-batches and a schedule) is a different program from the model's own step: it is refused in one line, never
-counted as if it were the step.
+World size = pp x fsdp x cp x tp; expert parallel (``ep``) borrows FSDP (and TP) ranks and adds none, as in
+torchtitan. The mesh is (pp, fsdp, cp, tp), pipeline outermost and tensor parallel innermost, as torchtitan builds
+it, so that a tensor-parallel group is the ranks of one node. A pipeline rank's step is its stages' forward and
+backward per microbatch (``pipeline.py``).
 """
 from __future__ import annotations
 
@@ -17,13 +17,13 @@ from flopcount.base.errors import FlopcountError
 
 
 class UnsupportedLayout(FlopcountError):
-    """A parallel layout flopcount does not count (pipeline) or a degree that is not valid."""
+    """A parallel layout flopcount does not count, or a degree that is not valid."""
 
 
-_REFUSED = {
-    "pp": "pipeline parallelism",
-}
-_NAMES = ("fsdp", "tp", "ep", "etp", "cp", "sp") + tuple(_REFUSED)
+_NAMES = ("fsdp", "tp", "ep", "etp", "cp", "sp", "pp")
+# torchtitan's pipeline schedules counted here: one stage per rank (1F1B), or several, looped (Interleaved1F1B)
+SCHEDULES = ("1f1b", "interleaved-1f1b")
+_PIPELINE_OPTIONS = ("microbatches", "schedule", "stages_per_rank")
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,9 @@ class Layout:
     ``etp``: the tensor-parallel degree of the routed experts under EP: 1 (torchtitan's default: EP takes the TP
     ranks too) or ``tp`` (each expert split over the TP ranks as well); ``None`` is 1.
     ``cp``: ranks that split each sequence (context parallel: torch's ring attention, the sequence balanced head to
-    tail); ``sp``: sequence parallel beside tensor parallel (norms and residual adds on 1 / tp of the sequence)."""
+    tail); ``sp``: sequence parallel beside tensor parallel (norms and residual adds on 1 / tp of the sequence).
+    ``pp``: pipeline stages' ranks; ``microbatches`` per step (default: torchtitan's, microbatches of one sample);
+    ``schedule``: "1f1b" or "interleaved-1f1b"; ``stages_per_rank`` (interleaved only; torchtitan's default 2)."""
 
     fsdp: int = 1
     tp: int = 1
@@ -47,11 +49,15 @@ class Layout:
     etp: Optional[int] = None
     cp: int = 1
     sp: bool = False
+    pp: int = 1
+    microbatches: Optional[int] = None
+    schedule: str = "1f1b"
+    stages_per_rank: Optional[int] = None
 
     def __post_init__(self):
-        for name in ("fsdp", "tp", "ep", "cp") + (("etp",) if self.etp is not None else ()):
+        for name in ("fsdp", "tp", "ep", "cp", "pp") + (("etp",) if self.etp is not None else ()):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            if not _whole(value):
                 raise UnsupportedLayout(f"--{name} must be a whole number of ranks, 1 or more, not {value!r}")
         if self.sp not in (True, False):
             raise UnsupportedLayout(f"sp must be True or False, not {self.sp!r}")
@@ -63,16 +69,36 @@ class Layout:
             raise UnsupportedLayout("expert parallel (--ep) together with context parallel (--cp) is not counted yet")
         if self.ep > 1:
             _check_expert_degrees(self.fsdp, self.tp, self.ep, self.etp or 1)
+        for name in ("microbatches", "stages_per_rank"):
+            value = getattr(self, name)
+            if value is not None and not _whole(value):
+                raise UnsupportedLayout(f"--{name.replace('_', '-')} must be a whole number, 1 or more, not "
+                                        f"{value!r}")
+        if self.schedule not in SCHEDULES:
+            raise UnsupportedLayout(f"pipeline schedule {self.schedule!r} is not one flopcount counts: "
+                                    f"{', '.join(SCHEDULES)}")
+        if self.schedule == "1f1b" and self.stages_per_rank not in (None, 1):
+            raise UnsupportedLayout("--stages-per-rank applies to --schedule interleaved-1f1b (1F1B runs one stage "
+                                    "per rank)")
+        if self.schedule == "interleaved-1f1b" and self.stages_per_rank == 1:
+            raise UnsupportedLayout("interleaved 1F1B runs 2 or more stages per rank (torchtitan refuses 1)")
+
+    @property
+    def virtual_stages(self) -> int:
+        """Stages each pipeline rank runs: 1 under 1F1B, ``stages_per_rank`` (default 2) interleaved."""
+        if self.schedule == "1f1b":
+            return 1
+        return self.stages_per_rank or 2
 
     @property
     def world(self) -> int:
-        """The ranks of the layout: FSDP degree x context-parallel degree x tensor-parallel degree."""
-        return self.fsdp * self.cp * self.tp
+        """The ranks of the layout: pipeline x FSDP x context-parallel x tensor-parallel degrees."""
+        return self.pp * self.fsdp * self.cp * self.tp
 
     @property
     def dims(self) -> Dict[str, int]:
         """The mesh's dimensions of more than one rank, outermost first."""
-        return {n: d for n, d in (("fsdp", self.fsdp), ("cp", self.cp), ("tp", self.tp)) if d > 1}
+        return {n: d for n, d in (("pp", self.pp), ("fsdp", self.fsdp), ("cp", self.cp), ("tp", self.tp)) if d > 1}
 
     def describe(self) -> str:
         """The layout in words (``FSDP 2 x TP 4``, ``FSDP 4, EP 2``, or ``one rank``)."""
@@ -82,31 +108,34 @@ class Layout:
         return words + (" (sequence parallel)" if self.sp else "")
 
     def to_dict(self) -> Dict[str, Any]:
-        """``{"fsdp", "tp", "world"}``, with ``cp``, ``sp``, ``ep`` and ``etp`` where they are used."""
+        """``{"fsdp", "tp", "world"}``, with ``cp``, ``sp``, ``ep`` and ``etp`` where they are used, and ``pp`` and
+        its schedule where there is a pipeline."""
         extra = {"cp": self.cp} if self.cp > 1 else {}
         extra.update({"sp": True} if self.sp else {})
         if self.ep > 1:
             extra.update(ep=self.ep, etp=self.etp or 1)
+        if self.pp > 1:
+            extra.update(pp=self.pp, schedule=self.schedule, stages_per_rank=self.virtual_stages)
         return {"fsdp": self.fsdp, "tp": self.tp, **extra, "world": self.world}
+
+
+def _whole(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, numbers.Integral) and value >= 1
 
 
 def layout_of(world) -> Layout:
     """``world`` as a Layout: a Layout, a dict of degrees (``{"fsdp": 64, "tp": 8}``), or an int (FSDP over that
-    many ranks). A pipeline degree above 1 is refused in one line."""
+    many ranks)."""
     if isinstance(world, Layout):
         return world
     if isinstance(world, numbers.Integral) and not isinstance(world, bool):
         return Layout(fsdp=int(world))
     if isinstance(world, dict):
-        unknown = [k for k in world if k not in _NAMES + ("reshard_after_forward", "tp_plan")]
+        unknown = [k for k in world if k not in _NAMES + ("reshard_after_forward", "tp_plan") + _PIPELINE_OPTIONS]
         if unknown:
             raise UnsupportedLayout(f"unknown parallel dimension(s) {', '.join(map(repr, unknown))}; "
-                                    f"flopcount counts fsdp, tp (with sp), cp and ep (etp)")
-        for key, what in _REFUSED.items():
-            degree = world.get(key, 1)
-            if degree not in (None, 1):
-                raise UnsupportedLayout(refusal(key, degree))
-        return Layout(**{k: v for k, v in world.items() if k not in _REFUSED})
+                                    f"flopcount counts fsdp, tp (with sp), cp, ep (etp) and pp")
+        return Layout(**world)
     raise UnsupportedLayout(f"world must be a Layout, a dict such as {{'fsdp': 8, 'tp': 2}} or a number of ranks, "
                             f"not {world!r}")
 
@@ -123,10 +152,3 @@ def _check_expert_degrees(fsdp: int, tp: int, ep: int, etp: int) -> None:
         raise UnsupportedLayout(f"--ep {ep} borrows its ranks from {whence} (it adds none, as in torchtitan): it must "
                                 f"divide {fsdp * borrowed}" + (f" and be a multiple of {borrowed}" if borrowed > 1
                                                                else ""))
-
-
-def refusal(key: str, degree) -> str:
-    """The one line that refuses an unsupported parallel dimension."""
-    return (f"{_REFUSED[key]} ({key} {degree}) is not supported: flopcount counts one rank of FSDP2 and tensor "
-            f"parallel layouts (--fsdp, --tp); a {_REFUSED[key].split()[0]} rank's step is not the model's step "
-            f"and is not counted as if it were")

@@ -20,7 +20,9 @@ NVLINK, NETWORK = "nvlink", "network"
 
 def group_of(op: str) -> str:
     """``"ep"`` for the all-to-alls of expert parallel, ``"tp"`` for DTensor's other functional collectives,
-    ``"fsdp"`` for the process group's own (FSDP2's)."""
+    ``"pp"`` for a pipeline's sends and receives, ``"fsdp"`` for the process group's own (FSDP2's)."""
+    if op in ("c10d.send", "c10d.recv_"):
+        return "pp"
     if op.startswith("_c10d_functional"):
         return "ep" if "all_to_all" in op else "tp"
     return "fsdp"
@@ -28,7 +30,10 @@ def group_of(op: str) -> str:
 
 def span(group: str, fsdp: int, tp: int, ep: int = 1, etp: int = 1) -> int:
     """Consecutive ranks one group of the mesh covers. An EP group (``experts.expert_mesh``) is the ``ep`` innermost
-    ranks where it takes the TP ranks (``etp`` 1), else ``ep`` FSDP ranks ``tp`` apart."""
+    ranks where it takes the TP ranks (``etp`` 1), else ``ep`` FSDP ranks ``tp`` apart; a pipeline's neighbours are
+    fsdp x tp ranks apart (the pipeline dimension is outermost; ``fsdp`` holds the CP ranks too where there are)."""
+    if group == "pp":
+        return fsdp * tp + 1
     if group == "ep":
         return ep if etp == 1 else (ep - 1) * tp + 1
     return tp if group == "tp" else (fsdp - 1) * tp + 1
@@ -42,7 +47,7 @@ def link(op: str, world: Mapping[str, int], spec) -> Tuple[str, float]:
     # ring attention's functional collectives, which cannot be told from tensor parallel's by their names, are
     # given the wider of the two groups' links: the CP group's, cp ranks tp apart (as an FSDP group of cp ranks)
     cp = int(world.get("cp", 1) or 1)
-    if cp > 1 and group_of(op) == "fsdp":
+    if cp > 1 and group_of(op) in ("fsdp", "pp"):  # a pipeline's neighbours: fsdp x cp x tp ranks apart
         fsdp *= cp
     elif cp > 1:
         fsdp, op = cp, "c10d.x"
@@ -92,8 +97,9 @@ def collectives(report, spec=None):
     if spec is not None:
         world = report.meta.get("world") or {}
         # one op per group stands for its link: every op of a group crosses the same one
-        stand_in = {"tp": "_c10d_functional.x", "ep": "_c10d_functional.all_to_all_single", "fsdp": "c10d.x"}
-        chosen = [link(stand_in[grp], world, spec) for grp in out["group"]]
+        stand_in = {"tp": "_c10d_functional.x", "ep": "_c10d_functional.all_to_all_single", "fsdp": "c10d.x",
+                    "pp": "c10d.send"}
+        chosen = [link(stand_in.get(grp, "c10d.x"), world, spec) for grp in out["group"]]
         out["link"] = [name for name, _ in chosen]
         out["seconds"] = [sent / bw for sent, (_, bw) in zip(out["sent"], chosen)]
     return out[columns]

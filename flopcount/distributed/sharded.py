@@ -85,6 +85,9 @@ def count_sharded(model: torch.nn.Module, inputs, world, *, backward: bool = Tru
     batch. Returns a ``FlopReport`` (collectives in the ``collective`` family, their bytes those the rank sends).
     A run of identical layers is counted once (``estimators/blocks.py``)."""
     layout = layout_of(world)
+    if layout.pp > 1:  # a pipeline rank runs stages, not the model's step (flopcount.distributed routes it)
+        raise FlopcountError("a pipeline-parallel layout is counted by flopcount.distributed.count_sharded "
+                             "(or flopcount.count(world=...)), stage by stage")
     if optimizer is not None:
         raise FlopcountError("optimizer= with world= is not supported: the sharded count covers forward and "
                              "backward (with their collectives)")

@@ -24,7 +24,8 @@ def count(model, inputs, *, estimator: str = "dispatch", backward: bool = True, 
     ``world`` (``{"fsdp": 64, "tp": 8}``, a ``flopcount.distributed.Layout``, or a number of FSDP ranks): one rank
     of the model sharded so (FSDP2, tensor parallel), counted on a fake process group in this process, ``inputs``
     being one data-parallel rank's batch; collectives are ops of the ``collective`` family with the bytes the rank
-    sends. A model sharded already (``fully_shard``, ``parallelize_module``) is counted as it is.
+    sends; ``rank=`` picks the rank (0 by default; with ``pp``, ranks of different stages differ). A model sharded
+    already (``fully_shard``, ``parallelize_module``) is counted as it is.
 
     ``formulas`` (``{op: fn}``, as PyTorch's ``FlopCounterMode(custom_mapping=...)``): formulas for this count only,
     in place of the table's; an op is an overload packet (``torch.ops.aten.mm``) or its name (``"aten.mm"``), a
@@ -53,9 +54,12 @@ def _count(model, inputs, *, estimator, backward, loss_fn, device, optimizer, mo
 
     check_model(model)  # before the sharding checks, which walk its modules
     if world is not None or distributed.is_parallelized(model):
-        if estimator != "dispatch" or options.keys() - {"as_device"}:
-            raise EstimatorError("a sharded step is counted by the dispatch estimator only, with as_device= as "
-                                 "its one extra option")
+        if estimator != "dispatch" or options.keys() - {"as_device", "rank"}:
+            raise EstimatorError("a sharded step is counted by the dispatch estimator only, with as_device= and "
+                                 "rank= as its extra options")
+        if "rank" in options and world is None:
+            raise EstimatorError("rank= picks a rank of world=: a model sharded already is counted as the rank "
+                                 "this process is")
         if world is not None:
             if str(device) != "meta":
                 raise EstimatorError("world= counts on a fake process group, on meta: device= must stay meta")
