@@ -168,6 +168,21 @@ def test_fsdp_and_tensor_parallel_compose(llama_counts):
     assert both.meta["world"] == {"fsdp": 2, "tp": 2, "world": 4}
 
 
+def test_a_world_leaves_no_mesh_behind(llama_counts):
+    """DTensor caches its sharding decisions by device mesh, and meshes of one shape compare equal: a later world
+    would be handed the last one's mesh, whose groups are gone (a Mixtral at FSDP 2 x TP 2 x EP 2 after a Llama at
+    FSDP 2 x TP 2 named a destroyed group). After a count, the caches hold nothing of its world."""
+    import torch
+
+    assert llama_counts["2d"].uncounted == {}
+    stats = getattr(torch._C, "_get_DTensor_sharding_propagator_cache_stats", None)
+    if stats is not None:
+        assert stats() == (0, 0)  # the C++ dispatch cache, emptied as the world ends
+    from torch.distributed.tensor import DTensor
+
+    assert DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_info().currsize == 0
+
+
 # --- what is refused ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("world, words", [({"pp": 2}, "transformers causal LM"), ({"fsdp": 0}, "whole number"),
                                           ({"cp": 0}, "whole number"), ({"ep": 2}, "borrows its ranks"),

@@ -42,3 +42,26 @@ def fake_world(layout: Layout, rank: int = 0) -> Iterator[object]:
         yield init_device_mesh("cpu", tuple(dims.values()), mesh_dim_names=tuple(dims))
     finally:
         dist.destroy_process_group()
+        forget_meshes()
+
+
+def forget_meshes() -> None:
+    """Empty DTensor's caches of sharding decisions and redistribution plans. They are keyed by device meshes, and
+    two meshes compare equal by their shape and names alone: a later world of the same shape would be handed the
+    last world's mesh, whose process groups are gone (its collectives then name a group that no longer exists)."""
+    import torch
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import _collective_utils, _redistribute, _sharding_prop
+
+    propagator = getattr(getattr(DTensor, "_op_dispatcher", None), "sharding_propagator", None)
+    caches = [getattr(propagator, "propagate_op_sharding", None),
+              getattr(_sharding_prop.ShardingPropagator, "_propagate_tensor_meta_cached", None),
+              getattr(_redistribute, "_gen_transform_infos", None),
+              getattr(getattr(_collective_utils, "MeshTopoInfo", None), "build_from_mesh", None)]
+    for cache in caches:
+        clear = getattr(cache, "cache_clear", None)
+        if clear is not None:
+            clear()
+    native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)  # the C++ dispatch's own cache
+    if native is not None:
+        native()
