@@ -200,3 +200,16 @@ def test_a_pipelines_sends_cross_to_the_next_stage_group():
     assert group_of("c10d.send") == group_of("c10d.recv_") == "pp"
     # the pipeline dimension is outermost: rank r's next stage is rank r + fsdp x tp
     assert span("pp", 4, 8) == 4 * 8 + 1
+
+
+def test_a_context_parallel_rank_sends_its_part_of_the_sequence(counts):
+    """Under CP each rank holds seq / cp tokens of every sequence, and its stage sends those: (seq / cp) x H x 4
+    bytes per microbatch of one sample (CP in float32 wants chunks of 32 tokens: 128 tokens over 2 x 2 chunks)."""
+    seq, cp, batch = 128, 2, 2
+    ids = torch.randint(0, V, (batch, seq), generator=torch.Generator().manual_seed(1))
+    first, last = (flopcount.count(counts["model"], {"input_ids": ids, "labels": ids}, world={"pp": 2, "cp": cp},
+                                   rank=r) for r in (0, 3))
+    part = seq // cp * H * 4
+    assert _rows(first, "c10d.send", "forward")["bytes"].sum() == batch * part
+    assert _rows(last, "c10d.send", "backward")["bytes"].sum() == batch * part
+    assert first.uncounted == {} and last.uncounted == {}

@@ -56,7 +56,8 @@ def count_pipeline_rank(model, inputs, layout: Layout, *, backward: bool = True,
         for col in ("flops", "bytes", "calls"):
             f[col] = [x if o else x * m for x, o in zip(f[col], once)]
         hidden, dtype = message_of(model)
-        p2p = pd.DataFrame(p2p_rows(stage, total, size * _seq(inputs) * hidden * dtype.itemsize,
+        # a context-parallel rank holds seq / cp of every sequence, and sends its own part
+        p2p = pd.DataFrame(p2p_rows(stage, total, size * (_seq(inputs) // layout.cp) * hidden * dtype.itemsize,
                                     str(dtype).replace("torch.", ""), backward))
         if len(p2p):
             p2p[["flops", "bytes", "calls"]] *= m
