@@ -234,3 +234,24 @@ def test_infer_prefill_both_decode_one(capsys):
     assert pre["causal_convention"] == "half" and pre["mfu"] == pre["mfu_causal_half"]
     assert pre["mfu_causal_half"] / pre["mfu_causal_full"] == pytest.approx((pre["flops"] - removed) / pre["flops"])
     assert not dec["causal_attention"] and dec["mfu_causal_full"] == dec["mfu_causal_half"] == dec["mfu"]
+
+
+def test_count_causal_half_halves_the_square_and_says_so(capsys, tmp_path):
+    """``count --causal half``: B=2, H=2, T=16, E=4, causal: 2 x 2 x 128 of the 256 scores a head not charged,
+    22 FLOPs each forward and 46 backward (the row term whole); ``full`` is the count as it was."""
+    path = tmp_path / "attn.py"
+    path.write_text(MODEL)
+    docs = {}
+    for convention in ("full", "half"):
+        code, out, err = run_cli(capsys, "count", f"{path}:causal", "--input-shape", "16,8", "--batch", "2",
+                                 "--causal", convention, "--format", "json")
+        assert code == 0, err
+        docs[convention] = json.loads(out)
+    removed = 2 * 2 * (16 * 16 // 2)
+    assert docs["full"]["flops"]["forward"] - docs["half"]["flops"]["forward"] == removed * 22
+    assert docs["full"]["flops"]["backward"] - docs["half"]["flops"]["backward"] == removed * 46
+    assert any("halved convention" in n for n in docs["half"]["notes"])
+    assert not any("halved convention" in n for n in docs["full"]["notes"])
+    code, _, err = run_cli(capsys, "count", f"{path}:causal", "--input-shape", "16,8", "--causal", "half",
+                           "--estimator", "fvcore")
+    assert code == 2 and "--causal half" in err[-1]

@@ -18,8 +18,9 @@ given, saying so.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, Optional
+from typing import Callable, Dict, Iterable, Iterator, Optional
 
 from flopcount.base.errors import FlopcountError
 from flopcount.base.report import FlopReport
@@ -55,8 +56,19 @@ def has_attention(report: FlopReport) -> bool:
 def halved(count: Callable[[], FlopReport]) -> FlopReport:
     """``count()`` run with the halved convention's formulas for the attention ops (a caller's own formulas for an
     op, where it gave some, kept in their place)."""
-    with per_count.applied({**causal_halved(), **per_count.current()}):
+    with counted_as(HALF):
         return count()
+
+
+@contextmanager
+def counted_as(convention: str) -> Iterator[None]:
+    """Counts inside the block charge causal attention by ``convention``: as they are (``full``), or each causal
+    call half its score work (``half``; a caller's own formulas for an op, where it gave some, kept)."""
+    if check(convention) == FULL:
+        yield
+        return
+    with per_count.applied({**causal_halved(), **per_count.current()}):
+        yield
 
 
 def removed(full: FlopReport, count: Callable[[], FlopReport]) -> Dict[str, float]:

@@ -43,6 +43,9 @@ def add(sub) -> None:
     p.add_argument("--every-block", action="store_true",
                    help="count every layer (default: a run of identical layers counted once, exact and checked)")
     add_parallel(p, pipeline=True)
+    p.add_argument("--causal", choices=("full", "half"), default="full",
+                   help="a causal attention's square: counted in full (default: what the kernels are asked to do; "
+                        "PaLM, torchtitan) or halved (Megatron, MaxText)")
     add_format(p)
 
 
@@ -57,6 +60,7 @@ def run(args) -> int:
     from flopcount.base.progress import counting
     from flopcount.analyses.scaling import check_scaling
     from flopcount.cli.infer import whole_counts
+    from flopcount.analyses.causal import NAMES, counted_as
 
     if args.by is None:
         args.by = "module" if args.depth is not None else "op"
@@ -86,8 +90,11 @@ def run(args) -> int:
         options["world"] = world
         if args.rank is not None:
             options["rank"] = args.rank
+    if args.causal != "full" and args.estimator != "dispatch":
+        raise FlopcountError("--causal half reprices the dispatch counter's attention ops: the other estimators "
+                             "count by their own rules")
     with model_errors(name, inputs), counting(f"counting {name}", wanted=not args.no_progress), \
-            whole_counts(args):
+            whole_counts(args), counted_as(args.causal):
         report = count(model, inputs, estimator=args.estimator, backward=not args.no_backward, device=args.device,
                        **options)
         ranks = all_ranks(model, inputs, options, report, args) if args.all_ranks else None
@@ -97,6 +104,10 @@ def run(args) -> int:
                                        estimator=args.estimator, backward=not args.no_backward, seq_len=args.seq_len,
                                        device=args.device, **options)
     report.model = name
+    if args.causal != "full":
+        report.meta["causal_convention"] = args.causal
+        report.notes.append(f"causal attention counted by the halved convention ({NAMES[args.causal]}): each call "
+                            "flagged causal charged half its score work")
     report.meta["input"] = input_source(model, name, input_shape=args.input_shape, seq_len=args.seq_len)
     if report.meta["input"]["source"] == "default":
         warn(f"no input shape given: each sample is {report.meta['input']['shape']}, the default for an image model;"
