@@ -27,7 +27,7 @@ import pandas as pd
 from flopcount.base.errors import FlopcountError
 from flopcount.profiles import stragglers as S
 from flopcount.profiles.profile import ProfileError, check_path
-from flopcount.profiles.ranks import distributed_rank, name_rank, summarize
+from flopcount.profiles.ranks import distributed_rank, name_rank, release_freed, summarize, warm_up
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 NSYS_SUFFIXES = (".sqlite",)
@@ -36,6 +36,10 @@ WORTH_A_WORKER = 64e6  # bytes of decompressed trace that repay a worker's start
 # a worker's peak per byte of decompressed trace: measured (benchmarks/job_read.py, a DLRM trace of 34.8 MB) at 3.1x
 # for one rank and 4.9x for a worker that read several (the allocator keeps what the first read freed); 6 leaves room
 PER_BYTE = 6.0
+# decompressed trace bytes from which each rank is read in a process of its own: a read leaves the allocator holding
+# about what the trace's text was (freed, yet neither returned nor reused by the next read's large blocks), so a
+# worker reading a second rank of this size would peak that much higher (benchmarks/job_read.py)
+FRESH_BYTES = 8e6
 RANK_COLUMNS = ["rank", "flops", "gpu_busy_s", "compute_s", "communication_s", "exposed_communication_s", "idle_s",
                 "step_s", "mfu"]
 
@@ -141,26 +145,41 @@ def workers_for(paths, workers: Optional[int] = None) -> int:
     return max(1, min(os.cpu_count() or 1, len(paths), fit, worth))
 
 
-def _task(path: str, rank: int, kind: str):
-    return summarize(path, rank, kind)
+def _task(path: str, rank: int, kind: str, last: bool = False):
+    warm_up()  # once a process: a Dask worker's first rank then measures its reading alone
+    try:
+        return summarize(path, rank, kind)
+    finally:
+        if not last:  # a process that reads no other rank frees nothing for one
+            release_freed()
 
 
-def run_local(paths, ranks, kind: str, workers: int) -> list:
-    """Each rank's summary, read in ``workers`` local processes (in this one where it is 1)."""
-    if workers <= 1:
-        return [summarize(p, r, kind) for p, r in zip(paths, ranks)]
-    import importlib
+def fresh_processes(paths) -> bool:
+    """Whether each rank is read in a process of its own: several ranks, one of them large (``FRESH_BYTES``)."""
+    return len(paths) > 1 and max(decompressed_size(p) for p in paths) >= FRESH_BYTES
+
+
+def run_local(paths, ranks, kind: str, workers: int, fresh: Optional[bool] = None) -> list:
+    """Each rank's summary, read in ``workers`` local processes (in this one where it is 1 and the ranks are
+    small); ``fresh``: each rank in a new process (default: ``fresh_processes``), where a fork can make one."""
     import multiprocessing
     import threading
+
+    fresh = fresh_processes(paths) if fresh is None else fresh
+    # the workers' imports and a first read's one-time costs are paid once here, and forked workers inherit them,
+    # where this process runs no other thread (else each worker pays them)
+    forks = "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1
+    if workers <= 1 and not (fresh and forks):
+        return [_task(p, r, kind) for p, r in zip(paths, ranks)]
     from concurrent.futures import ProcessPoolExecutor
 
-    # the workers' imports (torch, the formula table) cost more than a small rank's reading: where this process
-    # runs no other thread, they are made once here and the workers forked with them; else each worker makes them
-    if "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1:
-        importlib.import_module(".dedup", __package__)
-        context = multiprocessing.get_context("fork")
-    else:
-        context = multiprocessing.get_context("forkserver")
+    if forks:
+        warm_up()
+        if fresh:  # a process a rank: what one read leaves behind never weighs on the next
+            with multiprocessing.get_context("fork").Pool(workers, maxtasksperchild=1) as pool:
+                return pool.starmap(_task, zip(paths, ranks, [kind] * len(paths), [True] * len(paths)),
+                                    chunksize=1)
+    context = multiprocessing.get_context("fork" if forks else "forkserver")
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
         return list(pool.map(_task, paths, ranks, [kind] * len(paths)))
 
@@ -197,13 +216,14 @@ def run_dask(paths, ranks, kind: str, scheduler) -> list:
 
 
 def read_job(targets, kind: str = "trace", *, workers: Optional[int] = None, scheduler=None, peak=None,
-             device_spec=None) -> Job:
-    """Read every rank of a job (see the module's docstring) and combine them."""
+             device_spec=None, fresh: Optional[bool] = None) -> Job:
+    """Read every rank of a job (see the module's docstring) and combine them; ``fresh``: each rank in a process
+    of its own (default: where a rank is large, ``fresh_processes``)."""
     paths = expand(targets, kind)
     ranks = assign_ranks(paths, kind)
     n = 0 if scheduler is not None else workers_for(paths, workers)
     summaries = run_dask(paths, ranks, kind, scheduler) if scheduler is not None else \
-        run_local(paths, ranks, kind, n)
+        run_local(paths, ranks, kind, n, fresh)
     job = combine(summaries, peak=peak, device_spec=device_spec)
     job.paths, job.workers = [s.path for s in summaries], n
     if scheduler is not None:

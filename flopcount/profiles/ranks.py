@@ -21,6 +21,7 @@ import json
 import os
 import re
 import resource
+import tempfile
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -192,6 +193,56 @@ def summarize(path: str, rank: int, kind: str = "trace") -> RankSummary:
                        reader_start_bytes=start_bytes,
                        report_frame=_mix_frame(a), groups=process_groups(distributed_info(path, kind)),
                        worker=os.getpid(), worker_cpu_s=_cpu())
+
+
+# a step of one matmul and its kernel: reading it pays once what any first read pays (modules imported on first
+# use, the formula table's caches), and maps the reading's code into the process
+_WARM_UP = {"schemaVersion": 1, "traceEvents": [
+    {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0.0, "dur": 100.0},
+    {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10.0, "dur": 20.0,
+     "args": {"Sequence number": 1, "Fwd thread id": 0, "External id": 2, "Input Dims": [[4, 8], [8, 2]],
+              "Input type": ["float", "float"], "Concrete Inputs": ["", ""]}},
+    {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 12.0, "dur": 3.0,
+     "args": {"correlation": 7, "External id": 2}},
+    {"ph": "X", "cat": "kernel", "name": "sgemm_kernel", "pid": 0, "tid": 7, "ts": 20.0, "dur": 5.0,
+     "args": {"correlation": 7, "device": 0, "stream": 7, "External id": 2}}]}
+_warm: set = set()  # the processes warmed up (a forked worker is warmed again: see warm_up)
+
+
+def warm_up() -> None:
+    """Read a tiny trace once in this process, before its first rank: what any first read pays once (the formula
+    table's caches, modules imported on first use) is paid, and the reading's code is mapped. A forked worker
+    inherits the first but not the second: the code its parent ran is the parent's page cache, shared, yet it
+    enters the child's resident memory as the child first runs it; warmed again, the child counts it before its
+    first rank, not as memory its reading added."""
+    if os.getpid() in _warm:
+        return
+    _warm.add(os.getpid())
+    fd, path = tempfile.mkstemp(suffix=".json", prefix="flopcount-warm-")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(_WARM_UP, fh)
+        summarize(path, 0)
+    finally:
+        os.unlink(path)
+
+
+def release_freed() -> None:
+    """Hand the memory a rank's reading freed back to the system before the next rank: the cycles collected,
+    pyarrow's pool (pandas' text columns) emptied of its unused pages, glibc's heap trimmed. Without it a worker's
+    second rank of the same size peaks about a third of a parsed trace higher (benchmarks/job_read.py)."""
+    import ctypes
+    import gc
+    import sys
+
+    gc.collect()
+    arrow = sys.modules.get("pyarrow")
+    if arrow is not None:
+        arrow.default_memory_pool().release_unused()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def resident_bytes() -> int:
