@@ -21,8 +21,9 @@ behind weighs on the next (``Job.worker_growth_bytes``). The bound is 0.7x the p
 the parsed size being the RSS that ``json.load``'s result holds once loaded (measured once, in a fresh process, on
 one rank's file, as benchmarks/kineto_parse.py measures it). Per mode: the largest reading memory of any worker in
 a run, median and range over the runs, its ratio to the parsed size, and whether every mode stays within the bound
-(PASS/FAIL: a target, not the exit code). Where each rank is read in a fresh process (a large trace,
-``job.FRESH_BYTES``), the mode ``1 reused`` reads every rank in one process instead, for its cost and memory.
+(PASS/FAIL: a target, not the exit code). Where worker processes are replaced as they read (after
+``job.RECYCLE_BYTES`` of trace: each rank of a large trace in a fresh process), the mode ``1 reused`` reads every
+rank in this one process instead, for the cost of it and the memory it saves.
 ``--source`` picks the trace copied (a fixture's name in tests/fixtures/kineto, or a path): the default is small,
 and a bigger one makes the reading's memory stand out of the allocator's noise.
 
@@ -136,7 +137,7 @@ def main(argv=None) -> int:
                    help="the trace copied to every rank: a name in tests/fixtures/kineto, or a path")
     args = p.parse_args(argv)
     sys.path.insert(0, ROOT)
-    from flopcount.profiles.job import FRESH_BYTES, decompressed_size
+    from flopcount.profiles.job import ranks_per_process
 
     modes = ["1", "2", "4"]
     try:
@@ -152,8 +153,8 @@ def main(argv=None) -> int:
         print(f"job: {args.ranks} ranks of {name}, {size / 1e6:.1f} MB gzipped; {args.runs} run(s) a "
               f"mode; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
         parsed = parsed_size(os.path.join(folder, "rank0.json.gz"))
-        if decompressed_size(os.path.join(folder, "rank0.json.gz")) >= FRESH_BYTES:
-            modes.insert(1, "1-reused")  # each rank is read in a fresh process: the cost of it, against one
+        if ranks_per_process([os.path.join(folder, "rank0.json.gz")]) < args.ranks:
+            modes.insert(1, "1-reused")  # worker processes replaced as they read: the cost of it, against one
         floor = _child(FLOOR, ROOT)
         results = {m: [run(folder, m) for _ in range(args.runs)] for m in modes}
     base_wall = statistics.median(r["wall"] for r in results["1"])

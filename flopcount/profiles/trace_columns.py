@@ -80,9 +80,12 @@ INT, FLOAT, NONE = 1, 2, 3
 _TYPE = {int: INT, float: FLOAT, type(None): NONE}  # any other type: 0
 _TWO52 = float(1 << 52)  # below it a float time's nanoseconds fit int64 and 2**62 with room to spare
 _MAX_US = (R.LIMIT - 1) // 1000  # the largest int microseconds whose nanoseconds stay under 2**62
-# events decoded into structs at a time: a batch's structs (about 500 bytes an event) are reduced to its columns
-# before the next is decoded, so that the structs of the whole trace never coexist with its text
-BATCH = 1 << 13
+# events decoded into structs at a time: a batch's structs (about 500 bytes an event) and the copy of its text they
+# are decoded from are reduced to its columns before the next batch is decoded, so that the structs of the whole
+# trace never coexist with its text. A trace is cut into about BATCHES batches, none under BATCH_MIN events (each
+# batch costs a fixed few dozen numpy calls) nor over BATCH_MAX (its structs and text copy stay small beside the
+# trace's)
+BATCHES, BATCH_MIN, BATCH_MAX = 16, 512, 1 << 16
 
 
 def decode(path: str):
@@ -111,19 +114,30 @@ def _parse(path: str):
 
 
 def _text(path: str):
-    """The trace's text: the file, or its gzip decompressed a megabyte at a time into one growing buffer (the
-    whole of it decompressed at once would briefly be held twice, its pieces and their join)."""
+    """The trace's text: the file, or its gzip decompressed a piece at a time into one buffer the size its
+    trailer gives (the whole of it decompressed at once would briefly be held twice, its pieces and their join; a
+    buffer grown as it fills, while it is copied); grown where the trailer says less (a size past 4 GiB, several
+    members)."""
     with open(path, "rb") as fh:
         if fh.read(2) != b"\x1f\x8b":
             fh.seek(0)
             return fh.read()
-    text = bytearray()
+        fh.seek(-4, 2)
+        size = int.from_bytes(fh.read(4), "little")
+    text = bytearray(size)
+    at = 0
     with gzip.open(path, "rb") as fh:
-        while True:
-            chunk = fh.read(1 << 20)
-            if not chunk:
+        while at < len(text):
+            got = fh.readinto(memoryview(text)[at:at + (1 << 16)])
+            if not got:  # shorter than the trailer said
+                del text[at:]
                 return text
-            text += chunk
+            at += got
+        while True:
+            more = fh.read(1 << 20)
+            if not more:
+                return text
+            text += more
 
 
 def _get(name: str, items) -> list:
@@ -161,9 +175,10 @@ def _columns(box: list) -> R.Decoded:
     devices = [str(p.get("name", "")) for p in props if isinstance(p, dict)] if isinstance(props, list) else []
     memo: dict = {}
     parts = []
-    for i in range(0, len(raws), BATCH):
+    step = min(max(len(raws) // BATCHES, BATCH_MIN), BATCH_MAX)
+    for i in range(0, len(raws), step):
         try:
-            events = _EVENTS.decode(b"[" + b",".join(raws[i:i + BATCH]) + b"]")
+            events = _EVENTS.decode(b"[" + b",".join(raws[i:i + step]) + b"]")
         except _FAILED:  # an event that is no object
             raise _Irregular from None
         parts.append(_batch(events, memo))
