@@ -134,7 +134,7 @@ def _text(path: str):
                 return text
             at += got
         while True:
-            more = fh.read(1 << 20)
+            more = fh.read(1 << 16)
             if not more:
                 return text
             text += more
