@@ -17,7 +17,7 @@ from __future__ import annotations
 import gzip
 import json
 import zlib
-from itertools import compress, repeat
+from itertools import repeat
 from operator import attrgetter, is_not
 from typing import Any, Union
 
@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from flopcount.profiles import trace_rules as R
+from flopcount.profiles import trace_values as V
 
 try:
     import msgspec
@@ -76,10 +77,6 @@ _KIND = {("X", "cpu_op"): OP, ("X", "user_annotation"): ANNOTATION,
          **{("X", c): LAUNCH for c in R.LAUNCH_CATS}, **{("X", c): DEVICE for c in R.DEVICE_CATS}}
 _KIND.update({("X", old): _KIND[("X", new)] for old, new in R.LEGACY_CATS.items()})
 _CAT_NAMES = np.array([None, "cpu_op", "user_annotation"], dtype=object)
-INT, FLOAT, NONE = 1, 2, 3
-_TYPE = {int: INT, float: FLOAT, type(None): NONE}  # any other type: 0
-_TWO52 = float(1 << 52)  # below it a float time's nanoseconds fit int64 and 2**62 with room to spare
-_MAX_US = (R.LIMIT - 1) // 1000  # the largest int microseconds whose nanoseconds stay under 2**62
 # events decoded into structs at a time: a batch's structs (about 500 bytes an event) and the copy of its text they
 # are decoded from are reduced to its columns before the next batch is decoded, so that the structs of the whole
 # trace never coexist with its text. A trace is cut into about BATCHES batches, none under BATCH_MIN events (each
@@ -144,26 +141,6 @@ def _get(name: str, items) -> list:
     return list(map(attrgetter(name), items))
 
 
-def _type_codes(values: list) -> np.ndarray:
-    """INT, FLOAT, NONE or 0 per value; a column of one type (the common case) is settled by one set."""
-    types = set(map(type, values))
-    if len(types) == 1:
-        return np.full(len(values), _TYPE.get(types.pop(), 0), np.int8)
-    return np.fromiter(map(_TYPE.get, map(type, values), repeat(0)), np.int8, len(values))
-
-
-def _only(values: list, mask: np.ndarray) -> list:
-    return values if mask.all() else list(compress(values, mask.tolist()))
-
-
-def _int64s(values: list, mask: np.ndarray):
-    """The ints at ``mask`` as int64, or None where one is past int64."""
-    try:
-        return np.fromiter(_only(values, mask), np.int64, int(mask.sum()))
-    except OverflowError:
-        return None
-
-
 def _columns(box: list) -> R.Decoded:
     doc = box.pop()
     if isinstance(doc, list):
@@ -196,46 +173,46 @@ def _batch(events: list, memo: dict) -> dict:
     except TypeError:  # a list or an object as ph or cat: no key, so the rule one event at a time
         kind = np.fromiter(map(_kind_of, map(attrgetter("ph", "cat"), events)), np.int8, n)
     keep = kind > 0
-    events = _only(events, keep)
+    events = V.only(events, keep)
     kind = kind[keep]
     m = len(kind)
-    start, ok_ts = _times(_get("ts", events))
-    dur, ok_dur = _times(_get("dur", events))
-    thread, ok_thread = _thread_ids(_get("pid", events), _get("tid", events))
+    start, ok_ts = V.times(_get("ts", events))
+    dur, ok_dur = V.times(_get("dur", events))
+    thread, ok_thread = V.thread_ids(_get("pid", events), _get("tid", events))
     ok = ok_ts & ok_dur & ok_thread
     args = _get("args", events)
     if not all(args):  # ``"args": null``, or none (a struct is never false)
         args = [a if a is not None else _NO_ARGS for a in args]
     out = {"kind": kind, "start": start, "dur": dur, "ok": ok, "thread": thread,
            "legacy": bool(set(R.LEGACY_CATS).intersection(map(attrgetter("cat"), events))),
-           "corr": _bounded(_get("correlation", args), 0, R.LIMIT, -1)}
+           "corr": V.bounded(_get("correlation", args), 0, R.LIMIT, -1)}
 
     ridx = np.flatnonzero(ok & ((kind == OP) | (kind == ANNOTATION)))
-    names = _get("name", _pick(events, ridx))
-    name_ok = _op_names_ok(names)
+    names = _get("name", V.pick(events, ridx))
+    name_ok = V.op_names_ok(names)
     neg = name_ok & (dur[ridx] < 0)
-    out["bad_name"], out["negative"] = _spread(~name_ok, ridx, m), _spread(neg, ridx, m)
+    out["bad_name"], out["negative"] = V.spread(~name_ok, ridx, m), V.spread(neg, ridx, m)
     keep_r = name_ok & ~neg
     ridx = ridx[keep_r]
-    rargs = _pick(args, ridx)
+    rargs = V.pick(args, ridx)
     sizes, bad_dims = _sizes(rargs, memo)
-    out["bad_dims"] = _spread(bad_dims, ridx, m)
+    out["bad_dims"] = V.spread(bad_dims, ridx, m)
     rflop, rgb = _get("kernel_flop", rargs), _get("kernel_num_gb", rargs)
-    out["r"] = {"name": _objects(_only(names, keep_r)), "sizes": sizes,
-                "seq": _bounded(_get("seq", rargs), 0, 1 << R.THREAD_SHIFT, -1),
-                "fwd_tid": _bounded(_get("fwd_tid", rargs), -R.LIMIT + 1, R.LIMIT, 0),
-                "eid": _bounded(_get("eid", rargs), -1, R.LIMIT, -1),
+    out["r"] = {"name": V.objects(V.only(names, keep_r)), "sizes": sizes,
+                "seq": V.bounded(_get("seq", rargs), 0, 1 << R.THREAD_SHIFT, -1),
+                "fwd_tid": V.bounded(_get("fwd_tid", rargs), -R.LIMIT + 1, R.LIMIT, 0),
+                "eid": V.bounded(_get("eid", rargs), -1, R.LIMIT, -1),
                 "figured": np.fromiter(map(is_not, rflop, repeat(None)), bool, len(rflop)) |
                 np.fromiter(map(is_not, rgb, repeat(None)), bool, len(rgb)),
-                "kernel_flop": _amounts(rflop), "kernel_num_gb": _amounts(rgb)}
+                "kernel_flop": V.amounts(rflop), "kernel_num_gb": V.amounts(rgb)}
 
     didx = np.flatnonzero(ok & (kind == DEVICE))
-    dargs = _pick(args, didx)
-    out["d"] = {"name": _device_names(_get("name", _pick(events, didx))),
-                "device": _bounded(_get("device", dargs), -R.INT64, R.INT64, -1),
-                "stream": _bounded(_get("stream", dargs), -R.INT64, R.INT64, -1),
-                "kernel_flop": _amounts(_get("kernel_flop", dargs)),
-                "kernel_num_gb": _amounts(_get("kernel_num_gb", dargs))}
+    dargs = V.pick(args, didx)
+    out["d"] = {"name": V.device_names(_get("name", V.pick(events, didx))),
+                "device": V.bounded(_get("device", dargs), -R.INT64, R.INT64, -1),
+                "stream": V.bounded(_get("stream", dargs), -R.INT64, R.INT64, -1),
+                "kernel_flop": V.amounts(_get("kernel_flop", dargs)),
+                "kernel_num_gb": V.amounts(_get("kernel_num_gb", dargs))}
     return out
 
 
@@ -262,14 +239,14 @@ def _joined(parts: list, schema, devices: list) -> R.Decoded:
         skip(why, cat(key).astype(bool))
     ranged = ok & ((kind == OP) | (kind == ANNOTATION))
     ridx = np.flatnonzero(ranged & ~cat("bad_name").astype(bool) & ~cat("negative").astype(bool))
-    keys = _thread_keys([p["thread"] for p in parts])
+    keys = V.thread_keys([p["thread"] for p in parts])
     lidx = np.flatnonzero(ok & (kind == LAUNCH) & (corr >= 0))
     # a thread's code: its rank among the threads of launches and kept ops, in the order they first appear
     reg = np.zeros(len(kind), bool)
     reg[lidx] = True
     reg[ridx] = True
     code = np.full(len(kind), -1, np.int64)
-    code[reg] = pd.factorize(keys[reg])[0] if keys.dtype != object else _factorize_objects(keys[reg])
+    code[reg] = pd.factorize(keys[reg])[0] if keys.dtype != object else V.factorize_objects(keys[reg])
 
     didx = np.flatnonzero(ok & (kind == DEVICE))
     dev = {"start": start[didx], "end": start[didx] + dur[didx], "corr": corr[didx],
@@ -298,142 +275,6 @@ def _kind_of(ph_cat) -> int:
         return _KIND.get(ph_cat, 0)
     except TypeError:
         return 0
-
-
-def _pick(items: list, idx: np.ndarray) -> list:
-    if len(idx) == len(items):
-        return items
-    mask = np.zeros(len(items), bool)
-    mask[idx] = True
-    return list(compress(items, mask.tolist()))
-
-
-def _spread(mask: np.ndarray, idx: np.ndarray, n: int) -> np.ndarray:
-    out = np.zeros(n, bool)
-    out[idx[mask]] = True
-    return out
-
-
-def _objects(values: list) -> np.ndarray:
-    return np.fromiter(values, object, len(values))
-
-
-def _times(values: list):
-    """(nanoseconds, usable?) per value: R.ns's rule, in numpy for floats below 2**52 and ints in range; the scalar
-    rule for the rest (a huge float, an int past int64), and nothing for a value of another type."""
-    n = len(values)
-    tc = _type_codes(values)
-    out = np.zeros(n, np.int64)
-    ok = np.zeros(n, bool)
-    rare = []
-    fl = tc == FLOAT
-    if fl.any():
-        x = np.fromiter(_only(values, fl), np.float64, int(fl.sum()))
-        whole = np.floor(x)
-        small = np.abs(x) < _TWO52
-        v = np.where(small, whole, 0).astype(np.int64) * 1000 + np.rint((x - whole) * 1000).astype(np.int64)
-        where = np.flatnonzero(fl)
-        out[where[small]], ok[where[small]] = v[small], True
-        rare.append(where[~small])
-    it = tc == INT
-    if it.any():
-        v = _int64s(values, it)
-        where = np.flatnonzero(it)
-        if v is None:
-            rare.append(where)
-        else:
-            inside = (v >= -_MAX_US) & (v <= _MAX_US)
-            out[where[inside]], ok[where[inside]] = v[inside] * 1000, True
-    for i in np.concatenate(rare).tolist() if rare else ():  # huge values only
-        v = R.ns_or_none(values[i])
-        if v is not None:
-            out[i], ok[i] = v, True
-    return out, ok
-
-
-def _thread_ids(pids: list, tids: list):
-    """((pid, tid) as int64 arrays, all usable) where every id is an int64, else (the scalar rule's key per event,
-    None where unusable; usable?)."""
-    n = len(pids)
-    everywhere = np.ones(n, bool)
-    if (_type_codes(pids) == INT).all() and (_type_codes(tids) == INT).all():
-        p, t = _int64s(pids, everywhere), _int64s(tids, everywhere)
-        if p is not None and t is not None:
-            return (p, t), everywhere
-    keys = np.fromiter(map(R.thread_key, pids, tids), object, n)
-    return keys, np.fromiter(map(is_not, keys, repeat(None)), bool, n)
-
-
-def _thread_keys(parts: list) -> np.ndarray:
-    """A key per event for its (process, thread), the same across batches: int64 where every batch's ids are, else
-    the scalar rule's tuples."""
-    if all(isinstance(p, tuple) for p in parts):
-        p = np.concatenate([q[0] for q in parts]) if parts else np.zeros(0, np.int64)
-        t = np.concatenate([q[1] for q in parts]) if parts else np.zeros(0, np.int64)
-        pc, _ = pd.factorize(p)
-        tc, tu = pd.factorize(t)
-        return pc.astype(np.int64) * max(len(tu), 1) + tc
-    return np.concatenate([np.fromiter(map(R.thread_key, q[0].tolist(), q[1].tolist()), object, len(q[0]))
-                           if isinstance(q, tuple) else q for q in parts])
-
-
-def _factorize_objects(keys: np.ndarray) -> np.ndarray:
-    seen: dict = {}
-    return np.fromiter((seen.setdefault(k, len(seen)) for k in keys), np.int64, len(keys))
-
-
-def _bounded(values: list, lo: int, hi: int, default: int) -> np.ndarray:
-    """R.bounded per value: any value but an int gets ``default``; ints in numpy where they fit int64."""
-    n = len(values)
-    out = np.full(n, default, np.int64)
-    it = _type_codes(values) == INT
-    if not it.any():
-        return out
-    v = _int64s(values, it)
-    if v is None:  # an int past int64: the scalar rule, for the ints
-        out[it] = np.fromiter(map(R.bounded, _only(values, it), repeat(lo), repeat(hi), repeat(default)),
-                              np.int64, int(it.sum()))
-        return out
-    inside = np.ones(len(v), bool)
-    if lo > -R.INT64:
-        inside &= v >= lo
-    if hi < R.INT64:
-        inside &= v < hi
-    out[it] = np.where(inside, v, default)
-    return out
-
-
-def _amounts(values: list) -> np.ndarray:
-    """R.amount per value: NaN but for a number in (0, 2**62); floats and int64s in numpy."""
-    n = len(values)
-    out = np.full(n, np.nan)
-    tc = _type_codes(values)
-    fl = tc == FLOAT
-    if fl.any():
-        out[fl] = np.fromiter(_only(values, fl), np.float64, int(fl.sum()))
-    it = tc == INT
-    if it.any():
-        v = _int64s(values, it)
-        out[it] = v.astype(np.float64) if v is not None else \
-            np.fromiter(map(R.amount, _only(values, it)), np.float64, int(it.sum()))
-    with np.errstate(invalid="ignore"):
-        return np.where((out > 0) & (out < R.MAX_AMOUNT), out, np.nan)
-
-
-def _op_names_ok(names: list) -> np.ndarray:
-    n = len(names)
-    if n and set(map(type, names)) == {str}:
-        lens = np.fromiter(map(len, names), np.int64, n)
-        return (lens > 0) & (lens <= R.NAME_MAX)
-    return np.fromiter(map(R.op_name_ok, names), bool, n)
-
-
-def _device_names(names: list) -> np.ndarray:
-    if names and set(map(type, names)) == {str}:
-        lens = np.fromiter(map(len, names), np.int64, len(names))
-        if (lens <= R.NAME_MAX).all():
-            return _objects(names)
-    return np.fromiter(map(R.device_name, names), object, len(names))
 
 
 def _codes(raws: list):
