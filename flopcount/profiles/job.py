@@ -43,7 +43,7 @@ PER_BYTE = 6.0
 # holding some of what it freed (about the trace's text after a large one, tens of KB after a small one), neither
 # returned nor reused by the next read's large blocks, so a worker that read on would peak ever higher
 # (benchmarks/job_read.py); a rank this large or larger is read in a process of its own
-RECYCLE_BYTES = 32e6
+RECYCLE_BYTES = 128e6
 RANK_COLUMNS = ["rank", "flops", "gpu_busy_s", "compute_s", "communication_s", "exposed_communication_s", "idle_s",
                 "step_s", "mfu"]
 
