@@ -12,13 +12,20 @@ Dask's workers'; not ``ru_maxrss``, which a process started by exec inherits fro
 ``ranks``, ``job`` and ``stragglers`` are checked equal across the modes (PASS/FAIL; the exit code is 1 when
 they differ).
 
-Memory against the bound. A worker's reading memory is how far its peak RSS rose above its RSS before its first rank
-(its imports left out; ``Job.worker_growth_bytes``); the bound is 0.7x the parsed size of the trace it reads, the
-parsed size being the RSS that ``json.load``'s result holds once loaded (measured once, in a fresh process, on one
-rank's file, as benchmarks/kineto_parse.py measures it). The largest growth of any worker, its ratio to the parsed
-size, and whether every mode stays within the bound are printed (PASS/FAIL: a target, not the exit code).
-``--source`` picks the trace copied (a fixture's name in tests/fixtures/kineto, or a path): the default is small, and
-a bigger one makes the reading's memory stand out of the allocator's noise.
+Memory against the bound. A worker is a process that reads ranks (this one with ``--workers 1``, a forked pool's,
+a Dask worker). Each is warmed up before its first rank (``ranks.warm_up``: a tiny trace read, paying once what any
+first read pays, whatever the size, printed apart; a forked worker reads it again, so that the code its parent
+ran, shared page cache, is mapped before and not counted as its reading's). Its reading memory is how far its peak
+RSS (VmHWM) rose above its RSS when warm, before its first rank: over every rank it read, so what one rank leaves
+behind weighs on the next (``Job.worker_growth_bytes``). The bound is 0.7x the parsed size of the trace it reads,
+the parsed size being the RSS that ``json.load``'s result holds once loaded (measured once, in a fresh process, on
+one rank's file, as benchmarks/kineto_parse.py measures it). Per mode: the largest reading memory of any worker in
+a run, median and range over the runs, its ratio to the parsed size, and whether every mode stays within the bound
+(PASS/FAIL: a target, not the exit code). Where worker processes are replaced as they read (after
+``job.RECYCLE_BYTES`` of trace: each rank of a large trace in a fresh process), the mode ``1 reused`` reads every
+rank in this one process instead, for the cost of it and the memory it saves.
+``--source`` picks the trace copied (a fixture's name in tests/fixtures/kineto, or a path): the default is small,
+and a bigger one makes the reading's memory stand out of the allocator's noise.
 
     python benchmarks/job_read.py [--ranks 64] [--runs 3] [--skew 37] [--no-dask] [--source NAME_OR_PATH]
 """
@@ -44,6 +51,7 @@ import json, resource, sys, time
 sys.path.insert(0, sys.argv[1])
 from flopcount.profiles.job import read_job
 folder, mode = sys.argv[2], sys.argv[3]
+mode, _, reused = mode.partition("-")
 import flopcount.profiles.ranks, flopcount.profiles.dedup  # imports not timed
 cluster = None
 if mode == "dask":
@@ -53,7 +61,7 @@ if mode == "dask":
 r0 = time.perf_counter()
 c0 = (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
 job = read_job([folder], workers=None if mode == "dask" else int(mode),
-               scheduler=cluster.scheduler_address if cluster else None)
+               scheduler=cluster.scheduler_address if cluster else None, fresh=False if reused else None)
 wall = time.perf_counter() - r0
 c1 = (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
 import os
@@ -66,6 +74,7 @@ if cluster is not None:
 doc = job.to_dict()
 print(json.dumps({"wall": wall, "cpu": cpu, "peak": max(doc["reader_peak_bytes"].values()),
                   "growth": max(job.worker_growth_bytes.values(), default=None),
+                  "most_ranks": max(map(len, job.worker_ranks.values()), default=0),
                   "report": {k: doc[k] for k in ("ranks", "job", "stragglers")}}))
 """
 
@@ -82,14 +91,15 @@ with (gzip.open if open(sys.argv[1], "rb").read(2) == b"\x1f\x8b" else open)(sys
 print(rss() - before)
 """
 # what reading any trace costs a fresh worker once, whatever the trace's size (the formula table's and pandas' first
-# use, after the imports the job's workers have made): its reading memory of a 7 KB trace (220 events, with shapes)
+# use, after the imports the job's workers have made): the warm-up's own rise (a tiny trace read)
 FLOOR = r"""
 import sys
 sys.path.insert(0, sys.argv[1])
-from flopcount.profiles.ranks import peak_resident_bytes, resident_bytes, summarize
+from flopcount.profiles.ranks import peak_resident_bytes, reset_peak, resident_bytes, warm_up
 import flopcount.profiles.dedup, flopcount.profiles.kineto_trace  # imported before, as the job's workers have them
 before = resident_bytes()
-summarize(sys.argv[2], 0)
+reset_peak()
+warm_up()
 print(peak_resident_bytes() - before)
 """
 BOUND = 0.7  # a worker's reading memory over the parsed size of the trace it reads, at most
@@ -126,6 +136,9 @@ def main(argv=None) -> int:
     p.add_argument("--source", default="sampled_rank0_train.json.gz",
                    help="the trace copied to every rank: a name in tests/fixtures/kineto, or a path")
     args = p.parse_args(argv)
+    sys.path.insert(0, ROOT)
+    from flopcount.profiles.job import ranks_per_process
+
     modes = ["1", "2", "4"]
     try:
         import distributed  # noqa: F401
@@ -140,25 +153,28 @@ def main(argv=None) -> int:
         print(f"job: {args.ranks} ranks of {name}, {size / 1e6:.1f} MB gzipped; {args.runs} run(s) a "
               f"mode; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
         parsed = parsed_size(os.path.join(folder, "rank0.json.gz"))
-        floor = _child(FLOOR, ROOT, os.path.join(ROOT, "tests", "fixtures", "kineto", "mi250_minitoy_train.json.gz"))
+        if ranks_per_process([os.path.join(folder, "rank0.json.gz")]) < args.ranks:
+            modes.insert(1, "1-reused")  # worker processes replaced as they read: the cost of it, against one
+        floor = _child(FLOOR, ROOT)
         results = {m: [run(folder, m) for _ in range(args.runs)] for m in modes}
     base_wall = statistics.median(r["wall"] for r in results["1"])
     base_cpu = statistics.median(r["cpu"] for r in results["1"])
     print(f"parsed size of one rank's trace (RSS json.load's result holds): {parsed / 1e6:.1f} MB; bound on a "
           f"worker's reading memory: {BOUND}x it, {BOUND * parsed / 1e6:.1f} MB")
-    print(f"a worker's reading memory of a 7 KB trace (the first use of the formula table and pandas, paid once "
-          f"whatever the size): {floor / 1e6:.1f} MB")
+    print(f"a worker's warm-up (a tiny trace read first: the formula table's and pandas' first use, paid once "
+          f"whatever the size, left out of its reading memory): {floor / 1e6:.1f} MB")
     print(f"{'mode':<10} {'wall s, median (range)':<26} {'CPU s, median (range)':<26} {'wall/1':>7} {'CPU/1':>7} "
-          f"{'worker peak MB':>15} {'reading MB':>11} {'/parsed':>8}")
+          f"{'worker peak MB':>15} {'ranks/worker':>12} {'reading MB, median (range)':>27} {'/parsed':>8}")
     within = True
     for m, rs in results.items():
         w = [r["wall"] for r in rs]
         c = [r["cpu"] for r in rs]
-        label = "dask (2)" if m == "dask" else f"{m} worker" + ("s" if m != "1" else "")
+        label = "dask (2)" if m == "dask" else "1 reused" if m == "1-reused" else \
+            f"{m} worker" + ("s" if m != "1" else "")
         wall, cpu = statistics.median(w), statistics.median(c)
         print(f"{label:<10} {wall:>7.2f} ({min(w):.2f}-{max(w):.2f}){'':<8} {cpu:>7.2f} ({min(c):.2f}-{max(c):.2f})"
               f"{'':<8} {wall / base_wall:>7.2f} {cpu / base_cpu:>7.2f} {max(r['peak'] for r in rs) / 1e6:>15.0f}"
-              + _growth(rs, parsed))
+              f" {max(r['most_ranks'] for r in rs):>12}" + _growth(rs, parsed))
         grown = [r["growth"] for r in rs if r["growth"] is not None]
         within = within and bool(grown) and parsed > 0 and max(grown) <= BOUND * parsed
     reports = [json.dumps(r["report"], sort_keys=True) for rs in results.values() for r in rs]
@@ -183,12 +199,14 @@ def _child(code: str, *argv) -> int:
 
 
 def _growth(rs, parsed: int) -> str:
-    """The largest reading memory of any worker over the runs of a mode, and its ratio to the parsed size."""
+    """The largest reading memory of any worker in a run, median and range over the runs of a mode, and the largest
+    one's ratio to the parsed size."""
     grown = [r["growth"] for r in rs if r["growth"] is not None]
     if not grown:
-        return f" {'-':>11} {'-':>8}"
-    top = max(grown)
-    return f" {top / 1e6:>11.0f} {top / parsed if parsed > 0 else float('nan'):>8.2f}"
+        return f" {'-':>27} {'-':>8}"
+    med, lo, top = statistics.median(grown), min(grown), max(grown)
+    text = f"{med / 1e6:.1f} ({lo / 1e6:.1f}-{top / 1e6:.1f})"
+    return f" {text:>27} {top / parsed if parsed > 0 else float('nan'):>8.2f}"
 
 
 if __name__ == "__main__":

@@ -217,3 +217,48 @@ def test_a_well_formed_trace_is_decoded_once(monkeypatch):
     monkeypatch.setattr(trace_columns, "_parse", lambda path: decodes.append(path) or real(path))
     assert len(kineto_trace.load(MI250).ranges) == 73
     assert decodes == [str(MI250)]
+
+
+def test_batches_of_a_few_events_read_alike(tmp_path, monkeypatch):
+    """The events decoded a few at a time (every column, skip and thread code carried across batches) give the
+    Profile the reference gives, on the fixtures and on a trace of odd values; no batch holds more events than
+    its step."""
+    monkeypatch.setattr(trace_columns, "BATCH_MIN", 16)
+    monkeypatch.setattr(trace_columns, "BATCHES", 10 ** 9)
+    sizes = []
+    real = trace_columns._EVENTS
+
+    class Counting:
+        def decode(self, text):
+            got = real.decode(text)
+            sizes.append(len(got))
+            return got
+
+    monkeypatch.setattr(trace_columns, "_EVENTS", Counting())
+    for path in FIXTURES:
+        if path.stat().st_size > 200_000:  # the small ones: a batch of 16 events is a few dozen numpy calls
+            continue
+        sizes.clear()
+        assert_same(path)
+        assert len(sizes) > 1 and max(sizes) <= 16, path.name
+    path = _write(tmp_path, _edits(_doc(), random.Random(7), 40))
+    assert_same(path)
+
+
+def test_the_text_of_a_gzip_is_held_once(tmp_path):
+    """A gzipped trace decompressed into one buffer of its trailer's size: the traced peak is the text and a
+    piece, not twice the text; two gzip members (the trailer then gives the last one's size) are read whole."""
+    import tracemalloc
+
+    text = json.dumps(_doc()).encode() * 40  # 1.1 MB
+    path = tmp_path / "t.json.gz"
+    path.write_bytes(gzip.compress(text))
+    tracemalloc.start()
+    got = trace_columns._text(str(path))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert got == text
+    assert peak < len(text) + 4 * (1 << 16) + 64 * 1024
+    two = tmp_path / "two.json.gz"
+    two.write_bytes(gzip.compress(text[:1000]) + gzip.compress(text[1000:]))
+    assert trace_columns._text(str(two)) == text

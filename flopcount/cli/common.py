@@ -51,6 +51,19 @@ def records(frame) -> list:
     return json.loads(frame.to_json(orient="records"))
 
 
+def schema_doc(read) -> dict:
+    """The json field naming the schema a trace was read in (``trace_schema``), from anything read from a trace
+    that carries its ``schema_name``; none for an Nsight export (whose schema_name is empty)."""
+    name = getattr(read, "schema_name", "")
+    return {"trace_schema": name} if name else {}
+
+
+def schema_line(read) -> list:
+    """The table header's line naming the schema a trace was read in; none for an Nsight export."""
+    name = getattr(read, "schema_name", "")
+    return [f"  schema: {name}"] if name else []
+
+
 def warn(msg: str) -> None:
     """Say ``flopcount: warning: MSG`` on stderr."""
     print(f"flopcount: warning: {msg}", file=sys.stderr)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import glob
 import os
 
-from flopcount.cli.common import EXIT_OK, UsageError, positive_float, positive_int, print_frame, print_json
+from flopcount.cli.common import (EXIT_OK, UsageError, positive_float, positive_int, print_frame, print_json,
+                                  schema_line)
 
 
 def add_options(p) -> None:
@@ -50,6 +51,18 @@ def run(args) -> int:
     return EXIT_OK
 
 
+def _schema_lines(job) -> list:
+    """The schema the ranks' traces were read in: once where they share one, else each with its ranks; what read
+    the profiles where they are no traces."""
+    by_schema = job.schemas_by_rank()
+    if len(by_schema) == 1:
+        return schema_line(job)
+    if by_schema:
+        return ["  schema, per rank: " + "; ".join(
+            f"{name} (rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))})" for name, r in by_schema.items())]
+    return ["  read as: " + "; ".join(job.job["schemas"])]
+
+
 def job_table(job, top=None) -> str:
     """The job as a table: a row per rank (its time split and MFU), the spread and the stragglers."""
     from flopcount.cli import render as R
@@ -59,8 +72,7 @@ def job_table(job, top=None) -> str:
                         mfu=f"{100 * j['mfu']:.2f}%" if j["mfu"] is not None else "-",
                         achieved=R.si(j["achieved_flops_per_s"], "FLOP/s") if j["achieved_flops_per_s"] else "-"),
              "  per rank, per step (the mean of the marked steps); the device's time split: compute, communication "
-             "(exposed: with no compute beside it), idle",
-             "  read as: " + "; ".join(j["schemas"])]
+             "(exposed: with no compute beside it), idle"] + _schema_lines(job)
     f = job.ranks.copy()
     f["mfu_pct"] = f["mfu"] * 100
     if top is not None:

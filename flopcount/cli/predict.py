@@ -6,8 +6,8 @@ from __future__ import annotations
 import sys
 
 from flopcount.base.dtypes import CHOICES as DTYPES
-from flopcount.cli.common import (EXIT_OK, add_causal, add_format, add_model, add_parallel, add_top, output_file, parallel_world, print_frame,
-                   print_json, records)
+from flopcount.cli.common import (EXIT_OK, add_causal, add_format, add_model, add_parallel, add_top, output_file,
+                                  parallel_world, print_frame, print_json, records, schema_doc, schema_line)
 
 MODES = ("eager", "compiled", "graph")
 
@@ -104,7 +104,7 @@ def run_versus(args, kind: str) -> int:
     ops = v.ops
     if args.format == "json":
         doc = {"profile": args.profile, "gpu_seconds": s["gpu_seconds"], **s, "per_op": records(ops),
-               "lost": records(_lost(ops)), "notes": list(v.analysis.notes) + v.notes}
+               "lost": records(_lost(ops)), "notes": list(v.analysis.notes) + v.notes, **schema_doc(v.analysis)}
         print_json(doc)
     elif args.format == "csv":
         print_frame(ops.set_index(["op", "phase"]), "csv")
@@ -131,7 +131,7 @@ def versus_table(v, profile: str, top=None, width=None, color=None) -> str:
 
     s = v.summary()
     err = s["sum_error"]
-    title = [R.headline(profile, device=s["device"]),
+    title = [R.headline(profile, device=s["device"])] + schema_line(v.analysis) + [
              f"  measured {R.seconds(s['measured_priced_seconds'])} against predicted "
              f"{R.seconds(s['predicted_gpu_seconds'])} over the ops with FLOPs or bytes "
              f"({'-' if err is None else f'{100 * err:+.1f}%'}; roofline {R.seconds(s['roofline_seconds'])}); "

@@ -9,7 +9,7 @@ import ctypes
 from flopcount.cli import job
 from flopcount.cli.predict import add_predict, run_versus
 from flopcount.cli.common import (EXIT_OK, UsageError, add_all, add_format, add_model, add_top, output_folder, positive_int, print_frame,
-                   print_json, records, warn)
+                   print_json, records, schema_doc, schema_line, warn)
 
 
 KERNEL_KEYS = ("device", "stream", "kernel")
@@ -142,7 +142,7 @@ def _by_phase(args, a) -> int:
     table["flops_per_s"] = (table["flops"] / table["gpu_s"].where(table["gpu_s"] > 0)).astype(float)
     if args.format == "json":
         print_json({"profile": args.profile, "by": "phase", "rows": records(table.reset_index()), "notes": a.notes,
-                    **_time_doc(a), **_schema_doc(a)})
+                    **_time_doc(a), **schema_doc(a)})
         return EXIT_OK
     if args.format == "csv":
         print_frame(table, "csv")
@@ -151,7 +151,7 @@ def _by_phase(args, a) -> int:
     cols = [R.Col("phase"), R.Col("flops", R.FLOPS, "FLOPs"), R.Col("naive_flops", R.FLOPS, "naive", drop=3),
             R.Col("calls", R.INT, drop=1), R.Col("kernels", R.INT, drop=2), R.Col("gpu_s", R.SECONDS, time_label),
             R.Col("share", R.SHARE, drop=5), R.Col("flops_per_s", R.RATE, "FLOP/s", drop=4)]
-    print(R.table(table.reset_index(), cols, title=[R.headline(args.profile, by="phase")] + _schema_line(a),
+    print(R.table(table.reset_index(), cols, title=[R.headline(args.profile, by="phase")] + schema_line(a),
                   notes=time_footer(a) + [f"note: {n}" for n in a.notes]))
     return EXIT_OK
 
@@ -164,7 +164,7 @@ def _by_kernels(args, a) -> int:
     table = a.by_kernels(args.by)
     if args.format == "json":
         print_json({"profile": args.profile, "by": args.by, "devices": a.devices,
-                    "rows": records(table.reset_index()), "notes": a.notes, **_schema_doc(a)})
+                    "rows": records(table.reset_index()), "notes": a.notes, **schema_doc(a)})
         return EXIT_OK
     if args.format == "csv":
         print_frame(table, "csv")
@@ -176,7 +176,7 @@ def _by_kernels(args, a) -> int:
             R.Col("share", R.SHARE, drop=2), R.Col("flops", R.FLOPS, "FLOPs", drop=1)]
     total = dict(kernels=int(table["kernels"].sum()), gpu_s=float(table["gpu_s"].sum()), share=1.0,
                  flops=float(table["flops"].sum()) if a.has_shapes else None)
-    title = [R.headline(args.profile, by=args.by)] + _schema_line(a)
+    title = [R.headline(args.profile, by=args.by)] + schema_line(a)
     if a.devices:
         title.append("  devices: " + ", ".join(sorted(set(a.devices))))
     notes = ["an op's FLOPs are on the device and stream its kernels ran on"] if a.has_shapes else []
@@ -193,7 +193,7 @@ def _print(args, a, kind: str) -> int:
                     "seconds": a.gpu_seconds(), "gpu_seconds": a.gpu_seconds(), "devices": a.devices,
                     "flops_per_s": {p: a.flops_per_s(p) for p in ("forward", "backward", "optimizer")
                                     if (a.ops["phase"] == p).any()} if a.has_shapes else None,
-                    "notes": a.notes, "per_op": records(a.ops), **_time_doc(a), **_schema_doc(a)})
+                    "notes": a.notes, "per_op": records(a.ops), **_time_doc(a), **schema_doc(a)})
         print_json(doc)
         return EXIT_OK
     if args.format == "csv":
@@ -205,18 +205,6 @@ def _print(args, a, kind: str) -> int:
     print(nsys_table(a, args.profile, naive=args.naive, top=args.top, kind=kind, show_all=args.show_all,
                      notes=[f"note: {n}" for n in a.notes if n not in warned]))
     return EXIT_OK
-
-
-def _schema_doc(a) -> dict:
-    """The json field naming a trace's schema (``trace_schema``); none for an Nsight export."""
-    name = getattr(a, "schema_name", "")
-    return {"trace_schema": name} if name else {}
-
-
-def _schema_line(a) -> list:
-    """The table header's line naming a trace's schema; none for an Nsight export."""
-    name = getattr(a, "schema_name", "")
-    return [f"  schema: {name}"] if name else []
 
 
 def _capture(args) -> int:
@@ -249,7 +237,7 @@ def nsys_table(a, profile: str, naive: bool = False, top=None, notes=(), width=N
     time_label = "CPU time" if getattr(a, "time_source", "gpu") == "cpu" else "GPU time"
     head = {("ops" if kind == "trace" else "ranges"): f"{a.ranges:,}", "kernels": f"{a.kernels:,}",
             time_label.replace(" ", "_").lower(): R.seconds(a.gpu_seconds())}
-    title = [R.headline(profile, **head)] + _schema_line(a)
+    title = [R.headline(profile, **head)] + schema_line(a)
     if getattr(a, "devices", None):  # a line of their own: a device's name is never broken in two
         title.append("  devices: " + ", ".join(sorted(set(a.devices))))
     if shapes:
@@ -319,7 +307,7 @@ def _compare_inductor(args, a) -> int:
     t = compare(a, args.profile)
     if args.format == "json":
         print_json({"profile": args.profile, "peer": "torch._inductor.analysis.profile_analysis",
-                    "rows": records(t)})
+                    "rows": records(t), **schema_doc(a)})
         return EXIT_OK
     if args.format == "csv":
         print_frame(t.set_index(["op", "phase"]), "csv")
@@ -330,7 +318,7 @@ def _compare_inductor(args, a) -> int:
     cols = [R.Col("op"), R.Col("phase"), R.Col("calls", R.INT, drop=2), R.Col("kernels", R.INT, drop=1),
             R.Col("flopcount", R.FLOPS, "flopcount"), R.Col("profile_analysis", R.FLOPS, "profile_analysis"),
             R.Col("why", R.TEXT)]
-    title = [R.headline(args.profile, peer="torch._inductor.analysis.profile_analysis"),
+    title = [R.headline(args.profile, peer="torch._inductor.analysis.profile_analysis")] + schema_line(a) + [
              "  flopcount: each op call once; profile_analysis: the sum of its per-kernel kernel_flop over the "
              "op's kernels"]
     notes = [f"[{i + 1}] {w}" for i, w in enumerate(reasons)] + ["-: flopcount has no formula or kernel_flop for it"]
@@ -370,7 +358,8 @@ def _annotated(args, trace: bool = False) -> int:
     seconds = ann.step_seconds()
     if args.format == "json":
         print_json({"profile": args.profile, "by": args.by, "steps": len(seconds), "has_flops": ann.has_flops,
-                    "step_seconds": seconds.tolist(), "rows": records(table.reset_index()), "notes": ann.notes})
+                    "step_seconds": seconds.tolist(), "rows": records(table.reset_index()), "notes": ann.notes,
+                    **schema_doc(ann)})
         return EXIT_OK
     if args.format == "csv":
         print_frame(table, "csv")
@@ -398,7 +387,7 @@ def annotation_table(ann, table, profile: str, by: str, seconds, top=None, notes
     cpu = getattr(ann, "time_source", "device") == "cpu"  # a trace without device activity: the ops' CPU time
     time_label = "CPU time" if cpu else "GPU time"
     inside = "CPU time of the ops inside" if cpu else "GPU time of the kernels launched inside"
-    title = [R.headline(profile, **head), f"  by {by}: {per}; {inside}"]
+    title = [R.headline(profile, **head)] + schema_line(ann) + [f"  by {by}: {per}; {inside}"]
     f = table.reset_index()
     key = "module" if by == "module" else by
     if by == "module":

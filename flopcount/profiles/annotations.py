@@ -71,6 +71,7 @@ class Annotations:
     steps: int
     notes: list = field(default_factory=list)
     time_source: str = "device"  # "cpu": a trace without device activity, where the time is the ops' CPU time
+    schema_name: str = ""  # a torch.profiler trace's schema in words ("" for an Nsight export)
 
     @property
     def has_flops(self) -> bool:
@@ -384,6 +385,7 @@ def load_trace(path, module_ranges: Optional[str] = None) -> Annotations:
                  "one (the loss, and the backward unless ranges are opened around it too: on a GPU it runs on the "
                  "autograd engine's thread) is the root's"]
     ann = _charged(prof, analyze(prof), rng, notes, no_shapes=TRACE_NO_SHAPES, module_of=module_of)
+    ann.schema_name = prof.schema_name
     if ann.ops is not None:  # the module table has forward and backward columns: say what is in neither
         opt = int(ann.ops.loc[ann.ops["op_phase"] == "optimizer", "flops"].sum())
         if opt:

@@ -4,7 +4,10 @@ MFU, the spread across ranks and the stragglers.
 Each rank is read by the single-file reader in a worker (``ranks.summarize``), which hands back a few numbers and
 its collectives' times; the job's peak memory is then the workers' peaks, never the job's total size. How many
 workers: as many as the CPUs, the ranks, and the memory allow, a worker's peak being taken as a fixed start (its
-imports) plus a multiple of the largest trace's decompressed size. One worker reads the ranks in this process.
+imports) plus a multiple of the largest trace's decompressed size. A worker is warmed up before its first rank,
+hands back what a rank freed before the next, and a forked one is replaced after ``RECYCLE_BYTES`` of trace (after
+each rank of a large one), so that what its reads leave behind never adds up. One worker reads the ranks in this
+process where none would be replaced.
 
 On a Dask cluster (``scheduler``), each rank's task names only its file's path, and runs on a worker that sees that
 path (asked first): the work goes to the data and no trace passes through the scheduler. Dask is the ``jobs`` extra.
@@ -27,15 +30,20 @@ import pandas as pd
 from flopcount.base.errors import FlopcountError
 from flopcount.profiles import stragglers as S
 from flopcount.profiles.profile import ProfileError, check_path
-from flopcount.profiles.ranks import distributed_rank, name_rank, summarize
+from flopcount.profiles.ranks import distributed_rank, name_rank, release_freed, summarize, system_arrow_pool, warm_up
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 NSYS_SUFFIXES = (".sqlite",)
 WORKER_BASE = 600e6  # bytes: a worker's imports (torch, pandas) before it reads anything
 WORTH_A_WORKER = 64e6  # bytes of decompressed trace that repay a worker's start
-# a worker's peak per byte of decompressed trace: measured (benchmarks/job_read.py, a DLRM trace of 34.8 MB) at 3.1x
-# for one rank and 4.9x for a worker that read several (the allocator keeps what the first read freed); 6 leaves room
+# a worker's peak per byte of decompressed trace: measured (benchmarks/job_read.py, a DLRM trace of 31 MB) at 1.9x
+# for one rank and 2.0x for a worker that read several; 6 leaves room for traces of other shapes
 PER_BYTE = 6.0
+# decompressed trace bytes a worker process reads before a fresh one takes its place: a read leaves the allocator
+# holding some of what it freed (about the trace's text after a large one, tens of KB after a small one), neither
+# returned nor reused by the next read's large blocks, so a worker that read on would peak ever higher
+# (benchmarks/job_read.py); a rank this large or larger is read in a process of its own
+RECYCLE_BYTES = 128e6
 RANK_COLUMNS = ["rank", "flops", "gpu_busy_s", "compute_s", "communication_s", "exposed_communication_s", "idle_s",
                 "step_s", "mfu"]
 
@@ -62,11 +70,30 @@ class Job:
     worker_growth_bytes: dict = field(default_factory=dict)
     worker_ranks: dict = field(default_factory=dict)  # process id -> the ranks it read
 
+    @property
+    def schema_name(self) -> str:
+        """The schema every rank's trace was read in, where they share one ("" where they differ, or for Nsight
+        exports: each rank's row names its own, ``trace_schema``)."""
+        names = set(self.ranks["trace_schema"]) if "trace_schema" in self.ranks else set()
+        return names.pop() if len(names) == 1 and None not in names else ""
+
+    def schemas_by_rank(self) -> dict:
+        """Each schema the ranks' traces were read in -> the ranks read in it, in rank order."""
+        out: dict = {}
+        for rank, name in zip(self.ranks["rank"], self.ranks.get("trace_schema", [])):
+            if name:
+                out.setdefault(name, []).append(int(rank))
+        return out
+
     def to_dict(self) -> dict:
-        """The json document of ``trace``/``nsys`` over several ranks (``ranks``, ``job``, ``stragglers``)."""
-        return {"profiles": self.paths, "ranks": _records(self.ranks), "job": self.job,
-                "stragglers": _records(self.stragglers), "notes": self.notes, "workers": self.workers,
-                "scheduler": self.scheduler, "reader_peak_bytes": self.reader_peak_bytes}
+        """The json document of ``trace``/``nsys`` over several ranks (``ranks``, ``job``, ``stragglers``; a trace
+        job's ``trace_schema`` where every rank shares one, else each rank's row names its own)."""
+        doc = {"profiles": self.paths, "ranks": _records(self.ranks), "job": self.job,
+               "stragglers": _records(self.stragglers), "notes": self.notes, "workers": self.workers,
+               "scheduler": self.scheduler, "reader_peak_bytes": self.reader_peak_bytes}
+        if self.schema_name:
+            doc["trace_schema"] = self.schema_name
+        return doc
 
 
 def expand(targets, kind: str = "trace") -> list:
@@ -141,26 +168,43 @@ def workers_for(paths, workers: Optional[int] = None) -> int:
     return max(1, min(os.cpu_count() or 1, len(paths), fit, worth))
 
 
-def _task(path: str, rank: int, kind: str):
-    return summarize(path, rank, kind)
+def _task(path: str, rank: int, kind: str, last: bool = False):
+    warm_up()  # once a process: a Dask worker's first rank then measures its reading alone
+    try:
+        with system_arrow_pool():
+            return summarize(path, rank, kind)
+    finally:
+        if not last:  # a process that reads no other rank frees nothing for one
+            release_freed()
 
 
-def run_local(paths, ranks, kind: str, workers: int) -> list:
-    """Each rank's summary, read in ``workers`` local processes (in this one where it is 1)."""
-    if workers <= 1:
-        return [summarize(p, r, kind) for p, r in zip(paths, ranks)]
-    import importlib
+def ranks_per_process(paths) -> int:
+    """How many ranks a worker process reads before a fresh one takes its place (``RECYCLE_BYTES``)."""
+    return max(1, int(RECYCLE_BYTES // max(max(decompressed_size(p) for p in paths), 1)))
+
+
+def run_local(paths, ranks, kind: str, workers: int, fresh: Optional[bool] = None) -> list:
+    """Each rank's summary, read in ``workers`` local processes, each forked process replaced after
+    ``ranks_per_process`` ranks (``fresh``: True, after each rank; False, never); in this process where
+    ``workers`` is 1 and no process would be replaced."""
     import multiprocessing
     import threading
+
+    per = ranks_per_process(paths) if fresh is None else 1 if fresh else len(paths)
+    # the workers' imports and a first read's one-time costs are paid once here, and forked workers inherit them,
+    # where this process runs no other thread (else each worker pays them)
+    forks = "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1
+    if workers <= 1 and not (forks and per < len(paths)):
+        return [_task(p, r, kind) for p, r in zip(paths, ranks)]
     from concurrent.futures import ProcessPoolExecutor
 
-    # the workers' imports (torch, the formula table) cost more than a small rank's reading: where this process
-    # runs no other thread, they are made once here and the workers forked with them; else each worker makes them
-    if "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1:
-        importlib.import_module(".dedup", __package__)
-        context = multiprocessing.get_context("fork")
-    else:
-        context = multiprocessing.get_context("forkserver")
+    if forks:
+        warm_up()
+        if per < len(paths):  # what one process's reads leave behind never weighs on the ranks after
+            with multiprocessing.get_context("fork").Pool(workers, maxtasksperchild=per) as pool:
+                return pool.starmap(_task, zip(paths, ranks, [kind] * len(paths), [per == 1] * len(paths)),
+                                    chunksize=1)
+    context = multiprocessing.get_context("fork" if forks else "forkserver")
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
         return list(pool.map(_task, paths, ranks, [kind] * len(paths)))
 
@@ -197,13 +241,14 @@ def run_dask(paths, ranks, kind: str, scheduler) -> list:
 
 
 def read_job(targets, kind: str = "trace", *, workers: Optional[int] = None, scheduler=None, peak=None,
-             device_spec=None) -> Job:
-    """Read every rank of a job (see the module's docstring) and combine them."""
+             device_spec=None, fresh: Optional[bool] = None) -> Job:
+    """Read every rank of a job (see the module's docstring) and combine them; ``fresh``: each rank in a process
+    of its own, False: never in a fresh one (default: ``ranks_per_process``)."""
     paths = expand(targets, kind)
     ranks = assign_ranks(paths, kind)
     n = 0 if scheduler is not None else workers_for(paths, workers)
     summaries = run_dask(paths, ranks, kind, scheduler) if scheduler is not None else \
-        run_local(paths, ranks, kind, n)
+        run_local(paths, ranks, kind, n, fresh)
     job = combine(summaries, peak=peak, device_spec=device_spec)
     job.paths, job.workers = [s.path for s in summaries], n
     if scheduler is not None:
@@ -250,7 +295,8 @@ def combine(summaries, peak=None, device_spec=None) -> Job:
                      "idle_share": s.idle_s / s.step_s if s.step_s > 0 else None,
                      **{f"flops_{p}": s.flops_by_phase.get(p, 0.0) for p in ("forward", "backward", "recompute",
                                                                              "optimizer")},
-                     "schema": s.schema, "time_source": s.time_source, "path": s.path})
+                     "schema": s.schema, "trace_schema": s.trace_schema or None, "time_source": s.time_source,
+                     "path": s.path})
         for note in s.notes:
             if note not in notes:
                 notes.append(note)

@@ -21,6 +21,9 @@ import json
 import os
 import re
 import resource
+import sys
+import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -41,7 +44,7 @@ class RankSummary:
 
     rank: int
     path: str
-    schema: str
+    schema: str  # the reader and the schema it read the profile in ("torch.profiler, ...", "Nsight Systems export")
     devices: list
     time_source: str
     steps: int
@@ -61,6 +64,7 @@ class RankSummary:
     groups: list = field(default_factory=list)  # (description, ranks) of its process groups, where recorded
     worker: int = 0  # the process that read it, and that process's CPU seconds (user + sys) by then
     worker_cpu_s: float = 0.0
+    trace_schema: str = ""  # a torch.profiler trace's schema in words, as the single-file report names it
 
     @property
     def flops(self) -> float:
@@ -191,7 +195,75 @@ def summarize(path: str, rank: int, kind: str = "trace") -> RankSummary:
                        reader_peak_bytes=peak_resident_bytes(),
                        reader_start_bytes=start_bytes,
                        report_frame=_mix_frame(a), groups=process_groups(distributed_info(path, kind)),
-                       worker=os.getpid(), worker_cpu_s=_cpu())
+                       worker=os.getpid(), worker_cpu_s=_cpu(),
+                       trace_schema=prof.schema_name if kind == "trace" else "")
+
+
+# a step of one matmul and its kernel: reading it pays once what any first read pays (modules imported on first
+# use, the formula table's caches), and maps the reading's code into the process
+_WARM_UP = {"schemaVersion": 1, "traceEvents": [
+    {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0.0, "dur": 100.0},
+    {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10.0, "dur": 20.0,
+     "args": {"Sequence number": 1, "Fwd thread id": 0, "External id": 2, "Input Dims": [[4, 8], [8, 2]],
+              "Input type": ["float", "float"], "Concrete Inputs": ["", ""]}},
+    {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 12.0, "dur": 3.0,
+     "args": {"correlation": 7, "External id": 2}},
+    {"ph": "X", "cat": "kernel", "name": "sgemm_kernel", "pid": 0, "tid": 7, "ts": 20.0, "dur": 5.0,
+     "args": {"correlation": 7, "device": 0, "stream": 7, "External id": 2}}]}
+_warm: set = set()  # the processes warmed up (a forked worker is warmed again: see warm_up)
+
+
+def warm_up() -> None:
+    """Read a tiny trace once in this process, before its first rank: what any first read pays once (the formula
+    table's caches, modules imported on first use) is paid, and the reading's code is mapped. A forked worker
+    inherits the first but not the second: the code its parent ran is the parent's page cache, shared, yet it
+    enters the child's resident memory as the child first runs it; warmed again, the child counts it before its
+    first rank, not as memory its reading added."""
+    if os.getpid() in _warm:
+        return
+    _warm.add(os.getpid())
+    fd, path = tempfile.mkstemp(suffix=".json", prefix="flopcount-warm-")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(_WARM_UP, fh)
+        summarize(path, 0)
+    finally:
+        os.unlink(path)
+
+
+@contextmanager
+def system_arrow_pool():
+    """pyarrow's default pool (pandas' text columns) set to the system allocator while a rank is read, and set back
+    after (each buffer frees itself to the pool it came from). pyarrow's own pool, mimalloc, commits megabytes for
+    its first few bytes and keeps them; from the system allocator, what a rank's texts took is trimmed with the
+    rest (``release_freed``): a small rank's reading then peaks at half the RSS, a large one's 10% lower
+    (benchmarks/job_read.py)."""
+    arrow = sys.modules.get("pyarrow")
+    before = arrow.default_memory_pool() if arrow is not None else None
+    if before is not None:
+        arrow.set_memory_pool(arrow.system_memory_pool())
+    try:
+        yield
+    finally:
+        if before is not None:
+            arrow.set_memory_pool(before)
+
+
+def release_freed() -> None:
+    """Hand the memory a rank's reading freed back to the system before the next rank: the cycles collected,
+    pyarrow's pool (pandas' text columns) emptied of its unused pages, glibc's heap trimmed. Without it a worker's
+    second rank of the same size peaks about a third of a parsed trace higher (benchmarks/job_read.py)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    arrow = sys.modules.get("pyarrow")
+    if arrow is not None:
+        arrow.default_memory_pool().release_unused()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def resident_bytes() -> int:
@@ -242,11 +314,15 @@ def _schema(prof, kind: str) -> str:
 
 
 def _mix_frame(a):
+    """The FLOPs a peak's precision mix weighs (``peak_policy.precision_mix``), summed per (family, dtype) as it
+    sums them: a few rows a rank, whatever its ops, to hand back and keep."""
     if a.report is None:
         return None
     f = a.report.frame
-    cols = [c for c in ("family", "dtype", "flops", "phase") if c in f.columns]
-    return f[cols].copy()
+    if not {"family", "dtype", "flops"} <= set(f.columns):
+        return None
+    f = f[f["flops"] > 0]
+    return f.groupby(["family", "dtype"], sort=True)["flops"].sum().reset_index()
 
 
 def _union(starts: np.ndarray, ends: np.ndarray, lo: int, hi: int) -> int:

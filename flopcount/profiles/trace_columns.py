@@ -17,7 +17,7 @@ from __future__ import annotations
 import gzip
 import json
 import zlib
-from itertools import compress, repeat
+from itertools import repeat
 from operator import attrgetter, is_not
 from typing import Any, Union
 
@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from flopcount.profiles import trace_rules as R
+from flopcount.profiles import trace_values as V
 
 try:
     import msgspec
@@ -62,11 +63,12 @@ if msgspec is not None:
         args: Union[Args, None] = None
 
     class Trace(msgspec.Struct, gc=False):
-        traceEvents: Union[list[Event], None] = None
+        traceEvents: Union[list[msgspec.Raw], None] = None  # each event's text, decoded a batch at a time
         schemaVersion: Any = ""
         deviceProperties: Any = None
 
-    _DECODER = msgspec.json.Decoder(Union[Trace, list[Event]])
+    _DECODER = msgspec.json.Decoder(Union[Trace, list[msgspec.Raw]])
+    _EVENTS = msgspec.json.Decoder(list[Event])
     _FAILED = (msgspec.MsgspecError, RecursionError)
     _NO_ARGS = Args()
 
@@ -75,17 +77,19 @@ _KIND = {("X", "cpu_op"): OP, ("X", "user_annotation"): ANNOTATION,
          **{("X", c): LAUNCH for c in R.LAUNCH_CATS}, **{("X", c): DEVICE for c in R.DEVICE_CATS}}
 _KIND.update({("X", old): _KIND[("X", new)] for old, new in R.LEGACY_CATS.items()})
 _CAT_NAMES = np.array([None, "cpu_op", "user_annotation"], dtype=object)
-INT, FLOAT, NONE = 1, 2, 3
-_TYPE = {int: INT, float: FLOAT, type(None): NONE}  # any other type: 0
-_TWO52 = float(1 << 52)  # below it a float time's nanoseconds fit int64 and 2**62 with room to spare
-_MAX_US = (R.LIMIT - 1) // 1000  # the largest int microseconds whose nanoseconds stay under 2**62
+# events decoded into structs at a time: a batch's structs (about 500 bytes an event) and the copy of its text they
+# are decoded from are reduced to its columns before the next batch is decoded, so that the structs of the whole
+# trace never coexist with its text. A trace is cut into about BATCHES batches, none under BATCH_MIN events (each
+# batch costs a fixed few dozen numpy calls) nor over BATCH_MAX (its structs and text copy stay small beside the
+# trace's)
+BATCHES, BATCH_MIN, BATCH_MAX = 16, 512, 1 << 16
 
 
 def decode(path: str):
     """A Decoded of the trace at ``path``, or None where this reader cannot take the file."""
     if msgspec is None:
         return None
-    box = [_parse(path)]  # held in a box the columns empty: the events not read are freed as soon as they can be
+    box = [_parse(path)]  # held in a box the columns empty: the trace's text is freed as soon as it can be
     if box[0] is None or not isinstance(box[0], list) and box[0].traceEvents is None:
         return None
     try:
@@ -95,63 +99,132 @@ def decode(path: str):
 
 
 class _Irregular(Exception):
-    """A value the columns cannot take (a recorded argument ``json`` refuses on its own): the reference reading
-    takes the file."""
+    """A value the columns cannot take (a recorded argument ``json`` refuses on its own, an event that is no
+    object): the reference reading takes the file."""
 
 
 def _parse(path: str):
     try:
-        with open(path, "rb") as fh:
-            data = fh.read()
-        if data[:2] == b"\x1f\x8b":
-            data = gzip.decompress(data)
-        return _DECODER.decode(data)
+        return _DECODER.decode(_text(path))
     except (OSError, EOFError, zlib.error, *_FAILED):
         return None
+
+
+def _text(path: str):
+    """The trace's text: the file, or its gzip decompressed a piece at a time into one buffer the size its
+    trailer gives (the whole of it decompressed at once would briefly be held twice, its pieces and their join; a
+    buffer grown as it fills, while it is copied); grown where the trailer says less (a size past 4 GiB, several
+    members)."""
+    with open(path, "rb") as fh:
+        if fh.read(2) != b"\x1f\x8b":
+            fh.seek(0)
+            return fh.read()
+        fh.seek(-4, 2)
+        size = int.from_bytes(fh.read(4), "little")
+    text = bytearray(size)
+    at = 0
+    with gzip.open(path, "rb") as fh:
+        while at < len(text):
+            got = fh.readinto(memoryview(text)[at:at + (1 << 16)])
+            if not got:  # shorter than the trailer said
+                del text[at:]
+                return text
+            at += got
+        while True:
+            more = fh.read(1 << 16)
+            if not more:
+                return text
+            text += more
 
 
 def _get(name: str, items) -> list:
     return list(map(attrgetter(name), items))
 
 
-def _type_codes(values: list) -> np.ndarray:
-    """INT, FLOAT, NONE or 0 per value; a column of one type (the common case) is settled by one set."""
-    types = set(map(type, values))
-    if len(types) == 1:
-        return np.full(len(values), _TYPE.get(types.pop(), 0), np.int8)
-    return np.fromiter(map(_TYPE.get, map(type, values), repeat(0)), np.int8, len(values))
-
-
-def _only(values: list, mask: np.ndarray) -> list:
-    return values if mask.all() else list(compress(values, mask.tolist()))
-
-
-def _int64s(values: list, mask: np.ndarray):
-    """The ints at ``mask`` as int64, or None where one is past int64."""
-    try:
-        return np.fromiter(_only(values, mask), np.int64, int(mask.sum()))
-    except OverflowError:
-        return None
-
-
 def _columns(box: list) -> R.Decoded:
     doc = box.pop()
     if isinstance(doc, list):
-        events, schema, props = doc, "", None
+        raws, schema, props = doc, "", None
     else:
-        events, schema, props = doc.traceEvents, doc.schemaVersion, doc.deviceProperties
+        raws, schema, props = doc.traceEvents, doc.schemaVersion, doc.deviceProperties
     del doc
     props = props or []
     devices = [str(p.get("name", "")) for p in props if isinstance(p, dict)] if isinstance(props, list) else []
+    memo: dict = {}
+    parts = []
+    step = min(max(len(raws) // BATCHES, BATCH_MIN), BATCH_MAX)
+    for i in range(0, len(raws), step):
+        try:
+            events = _EVENTS.decode(b"[" + b",".join(raws[i:i + step]) + b"]")
+        except _FAILED:  # an event that is no object
+            raise _Irregular from None
+        parts.append(_batch(events, memo))
+        del events
+    del raws
+    return _joined(parts, schema, devices)
+
+
+def _batch(events: list, memo: dict) -> dict:
+    """One batch of events reduced to its columns: per kept event (a known ph and cat) its kind, time, thread and
+    whether it is usable; per op or annotation kept, its own fields; per device event, its own."""
     n = len(events)
     try:
         kind = np.fromiter(map(_KIND.get, map(attrgetter("ph", "cat"), events), repeat(0)), np.int8, n)
     except TypeError:  # a list or an object as ph or cat: no key, so the rule one event at a time
         kind = np.fromiter(map(_kind_of, map(attrgetter("ph", "cat"), events)), np.int8, n)
     keep = kind > 0
-    events = _only(events, keep)
-    legacy = bool(set(R.LEGACY_CATS).intersection(map(attrgetter("cat"), events)))
+    events = V.only(events, keep)
     kind = kind[keep]
+    m = len(kind)
+    start, ok_ts = V.times(_get("ts", events))
+    dur, ok_dur = V.times(_get("dur", events))
+    thread, ok_thread = V.thread_ids(_get("pid", events), _get("tid", events))
+    ok = ok_ts & ok_dur & ok_thread
+    args = _get("args", events)
+    if not all(args):  # ``"args": null``, or none (a struct is never false)
+        args = [a if a is not None else _NO_ARGS for a in args]
+    out = {"kind": kind, "start": start, "dur": dur, "ok": ok, "thread": thread,
+           "legacy": bool(set(R.LEGACY_CATS).intersection(map(attrgetter("cat"), events))),
+           "corr": V.bounded(_get("correlation", args), 0, R.LIMIT, -1)}
+
+    ridx = np.flatnonzero(ok & ((kind == OP) | (kind == ANNOTATION)))
+    names = _get("name", V.pick(events, ridx))
+    name_ok = V.op_names_ok(names)
+    neg = name_ok & (dur[ridx] < 0)
+    out["bad_name"], out["negative"] = V.spread(~name_ok, ridx, m), V.spread(neg, ridx, m)
+    keep_r = name_ok & ~neg
+    ridx = ridx[keep_r]
+    rargs = V.pick(args, ridx)
+    sizes, bad_dims = _sizes(rargs, memo)
+    out["bad_dims"] = V.spread(bad_dims, ridx, m)
+    rflop, rgb = _get("kernel_flop", rargs), _get("kernel_num_gb", rargs)
+    out["r"] = {"name": V.objects(V.only(names, keep_r)), "sizes": sizes,
+                "seq": V.bounded(_get("seq", rargs), 0, 1 << R.THREAD_SHIFT, -1),
+                "fwd_tid": V.bounded(_get("fwd_tid", rargs), -R.LIMIT + 1, R.LIMIT, 0),
+                "eid": V.bounded(_get("eid", rargs), -1, R.LIMIT, -1),
+                "figured": np.fromiter(map(is_not, rflop, repeat(None)), bool, len(rflop)) |
+                np.fromiter(map(is_not, rgb, repeat(None)), bool, len(rgb)),
+                "kernel_flop": V.amounts(rflop), "kernel_num_gb": V.amounts(rgb)}
+
+    didx = np.flatnonzero(ok & (kind == DEVICE))
+    dargs = V.pick(args, didx)
+    out["d"] = {"name": V.device_names(_get("name", V.pick(events, didx))),
+                "device": V.bounded(_get("device", dargs), -R.INT64, R.INT64, -1),
+                "stream": V.bounded(_get("stream", dargs), -R.INT64, R.INT64, -1),
+                "kernel_flop": V.amounts(_get("kernel_flop", dargs)),
+                "kernel_num_gb": V.amounts(_get("kernel_num_gb", dargs))}
+    return out
+
+
+def _joined(parts: list, schema, devices: list) -> R.Decoded:
+    """The batches' columns as one trace's: the skipped counted in event order, threads coded across batches."""
+    def cat(key, sub=None):
+        cols = [p[sub][key] if sub else p[key] for p in parts]
+        return np.concatenate(cols) if cols else np.zeros(0, np.int64)
+
+    kind, start, dur, ok, corr = (cat(k) for k in ("kind", "start", "dur", "ok", "corr"))
+    kind = kind.astype(np.int8)
+    ok = ok.astype(bool)
     skipped: dict = {}
     first: dict = {}  # reason -> the event it was first given to: the reference counts them in event order
 
@@ -161,61 +234,40 @@ def _columns(box: list) -> R.Decoded:
             skipped[why] = int(len(hits))
             first[why] = int(hits[0])
 
-    saw_device = bool((kind == DEVICE).any())
-    start, ok_ts = _times(_get("ts", events))
-    dur, ok_dur = _times(_get("dur", events))
-    keys, ok_thread = _threads(_get("pid", events), _get("tid", events))
-    ok = ok_ts & ok_dur & ok_thread
     skip(R.BAD_TIME, ~ok)
-    args = _get("args", events)
-    if not all(args):  # ``"args": null``, or none (a struct is never false)
-        args = [a if a is not None else _NO_ARGS for a in args]
-
-    ridx = np.flatnonzero(ok & ((kind == OP) | (kind == ANNOTATION)))
-    names = _get("name", _pick(events, ridx))
-    name_ok = _op_names_ok(names)
-    skip(R.BAD_NAME, _spread(~name_ok, ridx, len(kind)))
-    neg = name_ok & (dur[ridx] < 0)
-    skip(R.NEGATIVE_DUR, _spread(neg, ridx, len(kind)))
-    keep_r = name_ok & ~neg
-    ridx = ridx[keep_r]
-    rargs = _pick(args, ridx)
-    names = _only(names, keep_r)
-    sizes, bad_dims = _sizes(rargs)
-    skip(R.BAD_DIMS, _spread(bad_dims, ridx, len(kind)))
-
-    corr = _bounded(_get("correlation", args), 0, R.LIMIT, -1)
+    for why, key in ((R.BAD_NAME, "bad_name"), (R.NEGATIVE_DUR, "negative"), (R.BAD_DIMS, "bad_dims")):
+        skip(why, cat(key).astype(bool))
+    ranged = ok & ((kind == OP) | (kind == ANNOTATION))
+    ridx = np.flatnonzero(ranged & ~cat("bad_name").astype(bool) & ~cat("negative").astype(bool))
+    keys = V.thread_keys([p["thread"] for p in parts])
     lidx = np.flatnonzero(ok & (kind == LAUNCH) & (corr >= 0))
     # a thread's code: its rank among the threads of launches and kept ops, in the order they first appear
     reg = np.zeros(len(kind), bool)
     reg[lidx] = True
     reg[ridx] = True
     code = np.full(len(kind), -1, np.int64)
-    code[reg] = pd.factorize(keys[reg])[0] if keys.dtype != object else _factorize_objects(keys[reg])
+    code[reg] = pd.factorize(keys[reg])[0] if keys.dtype != object else V.factorize_objects(keys[reg])
 
     didx = np.flatnonzero(ok & (kind == DEVICE))
-    dargs = _pick(args, didx)
     dev = {"start": start[didx], "end": start[didx] + dur[didx], "corr": corr[didx],
-           "name": _device_names(_get("name", _pick(events, didx))),
-           "device": _bounded(_get("device", dargs), -R.INT64, R.INT64, -1),
-           "stream": _bounded(_get("stream", dargs), -R.INT64, R.INT64, -1),
-           "kernel_flop": _amounts(_get("kernel_flop", dargs)),
-           "kernel_num_gb": _amounts(_get("kernel_num_gb", dargs))}
+           **{k: cat(k, "d") for k in ("name", "device", "stream", "kernel_flop", "kernel_num_gb")}}
+    if not len(didx):
+        dev["name"] = dev["name"].astype(object)
     rs, rd = start[ridx], dur[ridx]
-    ranges = {"start": rs, "end": rs + np.maximum(rd - 1, 0), "tid": code[ridx], "name": _objects(names),
-              "seq": _bounded(_get("seq", rargs), 0, 1 << R.THREAD_SHIFT, -1),
-              "fwd_tid": _bounded(_get("fwd_tid", rargs), -R.LIMIT + 1, R.LIMIT, 0), "sizes": sizes,
-              "eid": _bounded(_get("eid", rargs), -1, R.LIMIT, -1), "cat": _CAT_NAMES[kind[ridx]]}
+    r = {k: cat(k, "r") for k in ("name", "sizes", "seq", "fwd_tid", "eid", "figured", "kernel_flop",
+                                   "kernel_num_gb")}
+    ranges = {"start": rs, "end": rs + np.maximum(rd - 1, 0), "tid": code[ridx], "name": r["name"].astype(object),
+              "seq": r["seq"], "fwd_tid": r["fwd_tid"], "sizes": r["sizes"].astype(object), "eid": r["eid"],
+              "cat": _CAT_NAMES[kind[ridx]]}
     launches = {"corr": corr[lidx], "tid": code[lidx], "start": start[lidx]}
-    rflop, rgb = _get("kernel_flop", rargs), _get("kernel_num_gb", rargs)
-    fig = np.fromiter(map(is_not, rflop, repeat(None)), bool, len(rflop)) | \
-        np.fromiter(map(is_not, rgb, repeat(None)), bool, len(rgb))
-    fidx = np.flatnonzero(fig)
+    fidx = np.flatnonzero(r["figured"].astype(bool))
     figured = {"tid": ranges["tid"][fidx], "start": rs[fidx], "end": rs[fidx] + rd[fidx],
-               "kernel_flop": _amounts(_pick(rflop, fidx)), "kernel_num_gb": _amounts(_pick(rgb, fidx))}
+               "kernel_flop": r["kernel_flop"][fidx].astype(np.float64),
+               "kernel_num_gb": r["kernel_num_gb"][fidx].astype(np.float64)}
     ordered = {why: skipped[why] for why in sorted(first, key=first.get)}
-    return R.Decoded(ranges=ranges, launches=launches, device=dev, skipped=ordered, saw_device=saw_device,
-                     schema_version=str(schema), devices=devices, figured=figured, legacy=legacy)
+    return R.Decoded(ranges=ranges, launches=launches, device=dev, skipped=ordered, saw_device=bool((kind == DEVICE).any()),
+        schema_version=str(schema), devices=devices, figured=figured,
+        legacy=any(p["legacy"] for p in parts))
 
 
 def _kind_of(ph_cat) -> int:
@@ -225,140 +277,15 @@ def _kind_of(ph_cat) -> int:
         return 0
 
 
-def _pick(items: list, idx: np.ndarray) -> list:
-    if len(idx) == len(items):
-        return items
-    mask = np.zeros(len(items), bool)
-    mask[idx] = True
-    return list(compress(items, mask.tolist()))
-
-
-def _spread(mask: np.ndarray, idx: np.ndarray, n: int) -> np.ndarray:
-    out = np.zeros(n, bool)
-    out[idx[mask]] = True
-    return out
-
-
-def _objects(values: list) -> np.ndarray:
-    return np.fromiter(values, object, len(values))
-
-
-def _times(values: list):
-    """(nanoseconds, usable?) per value: R.ns's rule, in numpy for floats below 2**52 and ints in range; the scalar
-    rule for the rest (a huge float, an int past int64), and nothing for a value of another type."""
-    n = len(values)
-    tc = _type_codes(values)
-    out = np.zeros(n, np.int64)
-    ok = np.zeros(n, bool)
-    rare = []
-    fl = tc == FLOAT
-    if fl.any():
-        x = np.fromiter(_only(values, fl), np.float64, int(fl.sum()))
-        whole = np.floor(x)
-        small = np.abs(x) < _TWO52
-        v = np.where(small, whole, 0).astype(np.int64) * 1000 + np.rint((x - whole) * 1000).astype(np.int64)
-        where = np.flatnonzero(fl)
-        out[where[small]], ok[where[small]] = v[small], True
-        rare.append(where[~small])
-    it = tc == INT
-    if it.any():
-        v = _int64s(values, it)
-        where = np.flatnonzero(it)
-        if v is None:
-            rare.append(where)
-        else:
-            inside = (v >= -_MAX_US) & (v <= _MAX_US)
-            out[where[inside]], ok[where[inside]] = v[inside] * 1000, True
-    for i in np.concatenate(rare).tolist() if rare else ():  # huge values only
-        v = R.ns_or_none(values[i])
-        if v is not None:
-            out[i], ok[i] = v, True
-    return out, ok
-
-
-def _threads(pids: list, tids: list):
-    """(a key per event for its (process, thread), usable?): int64 keys where every id is an int64, else the
-    scalar rule's tuples (None where unusable)."""
-    n = len(pids)
-    everywhere = np.ones(n, bool)
-    if (_type_codes(pids) == INT).all() and (_type_codes(tids) == INT).all():
-        p, t = _int64s(pids, everywhere), _int64s(tids, everywhere)
-        if p is not None and t is not None:
-            pc, _ = pd.factorize(p)
-            tc, tu = pd.factorize(t)
-            return pc.astype(np.int64) * max(len(tu), 1) + tc, everywhere
-    keys = np.fromiter(map(R.thread_key, pids, tids), object, n)
-    return keys, np.fromiter(map(is_not, keys, repeat(None)), bool, n)
-
-
-def _factorize_objects(keys: np.ndarray) -> np.ndarray:
-    seen: dict = {}
-    return np.fromiter((seen.setdefault(k, len(seen)) for k in keys), np.int64, len(keys))
-
-
-def _bounded(values: list, lo: int, hi: int, default: int) -> np.ndarray:
-    """R.bounded per value: any value but an int gets ``default``; ints in numpy where they fit int64."""
-    n = len(values)
-    out = np.full(n, default, np.int64)
-    it = _type_codes(values) == INT
-    if not it.any():
-        return out
-    v = _int64s(values, it)
-    if v is None:  # an int past int64: the scalar rule, for the ints
-        out[it] = np.fromiter(map(R.bounded, _only(values, it), repeat(lo), repeat(hi), repeat(default)),
-                              np.int64, int(it.sum()))
-        return out
-    inside = np.ones(len(v), bool)
-    if lo > -R.INT64:
-        inside &= v >= lo
-    if hi < R.INT64:
-        inside &= v < hi
-    out[it] = np.where(inside, v, default)
-    return out
-
-
-def _amounts(values: list) -> np.ndarray:
-    """R.amount per value: NaN but for a number in (0, 2**62); floats and int64s in numpy."""
-    n = len(values)
-    out = np.full(n, np.nan)
-    tc = _type_codes(values)
-    fl = tc == FLOAT
-    if fl.any():
-        out[fl] = np.fromiter(_only(values, fl), np.float64, int(fl.sum()))
-    it = tc == INT
-    if it.any():
-        v = _int64s(values, it)
-        out[it] = v.astype(np.float64) if v is not None else \
-            np.fromiter(map(R.amount, _only(values, it)), np.float64, int(it.sum()))
-    with np.errstate(invalid="ignore"):
-        return np.where((out > 0) & (out < R.MAX_AMOUNT), out, np.nan)
-
-
-def _op_names_ok(names: list) -> np.ndarray:
-    n = len(names)
-    if n and set(map(type, names)) == {str}:
-        lens = np.fromiter(map(len, names), np.int64, n)
-        return (lens > 0) & (lens <= R.NAME_MAX)
-    return np.fromiter(map(R.op_name_ok, names), bool, n)
-
-
-def _device_names(names: list) -> np.ndarray:
-    if names and set(map(type, names)) == {str}:
-        lens = np.fromiter(map(len, names), np.int64, len(names))
-        if (lens <= R.NAME_MAX).all():
-            return _objects(names)
-    return np.fromiter(map(R.device_name, names), object, len(names))
-
-
 def _codes(raws: list):
     """(a code per raw JSON text, the distinct texts) by hashing their bytes."""
     codes, uniq = pd.factorize(np.array(list(map(bytes, raws)), dtype=object))
     return codes.astype(np.int64), uniq
 
 
-def _sizes(args: list):
+def _sizes(args: list, memo: dict):
     """(sizes text per op, malformed?) from the raw ``Input Dims``, ``Input type`` and ``Concrete Inputs``: each
-    distinct triple is parsed once."""
+    distinct triple is parsed once (``memo``: the triples parsed in the batches before)."""
     n = len(args)
     dc, du = _codes(_get("dims", args))
     tc, tu = _codes(_get("types", args))
@@ -370,11 +297,13 @@ def _sizes(args: list):
     texts = np.empty(len(at), object)
     bad = np.zeros(len(at), bool)
     for j, i in enumerate(at.tolist()):
-        dims = _value(du[dc[i]])
-        if dims is not None and type(dims) is list:
-            texts[j], bad[j] = R.op_sizes(dims, _value(tu[tc[i]]), _value(cu[cc[i]]))
-        else:
-            texts[j], bad[j] = R.op_sizes(dims, None, None)
+        key = (du[dc[i]], tu[tc[i]], cu[cc[i]])
+        got = memo.get(key)
+        if got is None:
+            dims = _value(key[0])
+            got = memo[key] = R.op_sizes(dims, _value(key[1]), _value(key[2])) if type(dims) is list else \
+                R.op_sizes(dims, None, None)
+        texts[j], bad[j] = got
     return texts[combo], bad[combo]
 
 
