@@ -191,20 +191,20 @@ def run_local(paths, ranks, kind: str, workers: int, fresh: Optional[bool] = Non
     import threading
 
     per = ranks_per_process(paths) if fresh is None else 1 if fresh else len(paths)
-    # the workers' imports and a first read's one-time costs are paid once here, and forked workers inherit them,
-    # where this process runs no other thread (else each worker pays them)
-    forks = "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1
-    if workers <= 1 and not (forks and per < len(paths)):
+    if workers <= 1 and per >= len(paths):
         return [_task(p, r, kind) for p, r in zip(paths, ranks)]
     from concurrent.futures import ProcessPoolExecutor
 
+    # the workers' imports and a first read's one-time costs are paid once here, and forked workers inherit them,
+    # where this process runs no other thread (forking a process with threads is unsafe: then a fork server's
+    # workers pay them each)
+    forks = "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1
     if forks:
         warm_up()
-        if per < len(paths):  # what one process's reads leave behind never weighs on the ranks after
-            with multiprocessing.get_context("fork").Pool(workers, maxtasksperchild=per) as pool:
-                return pool.starmap(_task, zip(paths, ranks, [kind] * len(paths), [per == 1] * len(paths)),
-                                    chunksize=1)
     context = multiprocessing.get_context("fork" if forks else "forkserver")
+    if per < len(paths):  # what one process's reads leave behind never weighs on the ranks after
+        with context.Pool(max(workers, 1), maxtasksperchild=per) as pool:
+            return pool.starmap(_task, zip(paths, ranks, [kind] * len(paths), [per == 1] * len(paths)), chunksize=1)
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
         return list(pool.map(_task, paths, ranks, [kind] * len(paths)))
 
