@@ -51,6 +51,9 @@ def test_count_context_parallel_json_has_the_key_value_all_gathers(capsys):
     fwd = _rows(doc, "_c10d_functional.all_gather_into_tensor", "forward")
     assert sum(r["calls"] for r in fwd) == 2 and sum(r["bytes"] for r in fwd) == 2 * 64 * 8 * 8 * 2 * 4
     assert doc["world"] == {"fsdp": 1, "tp": 1, "cp": 2, "world": 2}
+    # without TP or EP every functional collective is the ring's: its gathers and its gradients' all-to-all
+    groups = {(r["kind"], r["group"]) for r in doc["collectives"]}
+    assert {("all-gather", "cp"), ("all-to-all", "cp")} <= groups and not {g for _, g in groups} & {"tp", "ep"}
 
 
 def test_count_fsdp_alone_gathers_the_parameters(capsys):

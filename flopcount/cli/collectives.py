@@ -22,7 +22,9 @@ def collective_table(frame, device: Optional[str] = None, width=None, color=None
     notes = ["sent: the bytes this rank sends in the group's ring (it receives as much at once); group: fsdp "
              + ("(FSDP2's own collectives), tp (DTensor's) or ep (expert parallel's all-to-alls, balanced routing)"
                 if "ep" in set(frame["group"]) else "(FSDP2's own collectives) or tp (DTensor's)")
-             + ("; pp: a pipeline's sends to the next and previous stages" if (frame["group"] == "pp").any() else "")]
+             + ("; pp: a pipeline's sends to the next and previous stages" if (frame["group"] == "pp").any() else "")
+             + ("; cp: context parallel's ring attention (keys and values gathered, their gradients rotated)"
+                if (frame["group"] == "cp").any() else "")]
     if "link" in frame.columns:
         notes.append(f"time on link: sent / the link's bandwidth per rank and direction on {device}'s machines, "
                      "nothing overlapped (the least time)")

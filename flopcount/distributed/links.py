@@ -28,6 +28,17 @@ def group_of(op: str) -> str:
     return "fsdp"
 
 
+def group_in(op: str, world: Mapping[str, int]) -> str:
+    """``group_of(op)`` read with the layout that ran it: under context parallel an all-to-all without expert
+    parallel is the ring attention's gradient rotation (``"cp"``), and without tensor parallel every functional
+    collective is the ring's too. With both TP and CP the two share op names and stay ``"tp"``."""
+    group = group_of(op)
+    cp, ep, tp = (int(world.get(k, 1) or 1) for k in ("cp", "ep", "tp"))
+    if cp > 1 and ((group == "ep" and ep <= 1) or (group == "tp" and tp <= 1)):
+        return "cp"
+    return group
+
+
 def span(group: str, fsdp: int, tp: int, ep: int = 1, etp: int = 1) -> int:
     """Consecutive ranks one group of the mesh covers. An EP group (``experts.expert_mesh``) is the ``ep`` innermost
     ranks where it takes the TP ranks (``etp`` 1), else ``ep`` FSDP ranks ``tp`` apart; a pipeline's neighbours are
@@ -91,14 +102,14 @@ def collectives(report, spec=None):
     columns = ["kind", "group", "phase", "calls", "sent", "flops"] + (["link", "seconds"] if spec is not None else [])
     if f.empty:
         return pd.DataFrame(columns=columns)
-    g = f.assign(kind=[kind_of(op) for op in f["op"]], group=[group_of(op) for op in f["op"]])
+    world = report.meta.get("world") or {}  # a model sharded by its owner: {"world": N} alone
+    g = f.assign(kind=[kind_of(op) for op in f["op"]], group=[group_in(op, world) for op in f["op"]])
     out = g.groupby(["kind", "group", "phase"], sort=False)[["calls", "bytes", "flops"]].sum().reset_index()
     out = out.rename(columns={"bytes": "sent"})
     if spec is not None:
-        world = report.meta.get("world") or {}
         # one op per group stands for its link: every op of a group crosses the same one
         stand_in = {"tp": "_c10d_functional.x", "ep": "_c10d_functional.all_to_all_single", "fsdp": "c10d.x",
-                    "pp": "c10d.send"}
+                    "pp": "c10d.send", "cp": "_c10d_functional.x"}
         chosen = [link(stand_in.get(grp, "c10d.x"), world, spec) for grp in out["group"]]
         out["link"] = [name for name, _ in chosen]
         out["seconds"] = [sent / bw for sent, (_, bw) in zip(out["sent"], chosen)]
