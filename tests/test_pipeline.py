@@ -217,14 +217,14 @@ def test_a_context_parallel_rank_sends_its_part_of_the_sequence(counts):
 
 @pytest.mark.bench
 def test_the_405b_4d_benchmark_runs_small_and_meets_its_closed_form():
-    """The benchmark's own closed form (a stage's linears, per microbatch, over the CP and TP ranks) on a 4-layer
+    """The benchmark's own closed form (a stage's linears, per microbatch, over the CP and TP ranks) on a 2-layer
     version of its shape over 2 stages: the first and last rank."""
     import json
 
     from helpers import run_benchmark
 
-    out = run_benchmark("sharded_405b_4d.py", "--fsdp", "2", "--tp", "2", "--pp", "2", "--cp", "2", "--layers", "4",
-                        "--seq", "256", "--microbatches", "2")
+    out = run_benchmark("sharded_405b_4d.py", "--fsdp", "2", "--tp", "2", "--pp", "2", "--cp", "2", "--layers", "2",
+                        "--seq", "128", "--microbatches", "1")
     result = json.loads(out[out.index("{"):])
     assert result["layout"] == "FSDP 2 x TP 2 x PP 2 x CP 2 (world 16)"
     assert [r["stage"] for r in result["ranks"]] == [0, 1]

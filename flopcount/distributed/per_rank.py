@@ -1,10 +1,11 @@
 """Every distinct rank of a layout counted once, with how many ranks it stands for, and the sum over the world.
 
-Ranks alike: the mesh is (pp, fsdp, tp), pipeline outermost, so ranks ``pp_rank x (world / pp)`` to
-``(pp_rank + 1) x (world / pp) - 1`` run the same stages. Within them FSDP and tensor-parallel ranks do the same
-work on their own shards (even splits: FSDP2 pads a shard that does not divide, tensor parallel refuses a degree
-that does not divide), so one of them stands for all: a layout has ``pp`` distinct ranks, the first of each stage
-group counted.
+Ranks alike: the mesh is (pp, fsdp, cp, tp), pipeline outermost, so ranks ``pp_rank x (world / pp)`` to
+``(pp_rank + 1) x (world / pp) - 1`` run the same stages. Within them FSDP, context-parallel, tensor-parallel and
+expert-parallel ranks do the same work on their own shards (even splits: FSDP2 pads a shard that does not divide,
+tensor parallel refuses a degree that does not divide, the head-tail split gives every CP rank the same blocks of
+the causal square, and experts are counted under balanced routing), so one of them stands for all: a layout has
+``pp`` distinct ranks, the first of each stage group counted.
 """
 from __future__ import annotations
 
