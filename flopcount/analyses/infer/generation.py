@@ -85,9 +85,8 @@ class Generation:
         """One row per phase: its FLOPs, bytes and their parts, per token too."""
         return pd.DataFrame([self.phase(p) for p in self.phase_names]).set_index("phase")
 
-    def on(self, spec, *, measured_tokens_per_s: Optional[float] = None,
-           measured_ttft: Optional[float] = None, tf32: bool = False, causal_removed=None,
-           causal: str = "full") -> Prediction:
+    def on(self, spec, *, measured_tokens_per_s: Optional[float] = None, measured_ttft: Optional[float] = None,
+           tf32: bool = False, causal_removed=None, causal: str = "full") -> Prediction:
         """The roofline of each phase on a device (a ``DeviceSpec`` or a name from ``flopcount peaks``), and, from
         measured decode tokens per second and time to first token, MFU and MBU (``causal_removed``, ``causal``: the
         MFU's causal conventions, as ``device.predict`` takes them)."""
@@ -98,8 +97,8 @@ class Generation:
         api_checks.check_rate("measured_ttft", measured_ttft)
         api_checks.check_bool("tf32", tf32)
         spec = spec if isinstance(spec, DeviceSpec) else datasheet.get_device(spec)
-        return predict(self, spec, measured_tokens_per_s=measured_tokens_per_s, measured_ttft=measured_ttft,
-                       tf32=tf32, causal_removed=causal_removed, causal=causal)
+        return predict(self, spec, measured_tokens_per_s=measured_tokens_per_s, measured_ttft=measured_ttft, tf32=tf32,
+                       causal_removed=causal_removed, causal=causal)
 
     def to_dict(self) -> dict:
         """The generation's summary as plain JSON-ready values."""
@@ -180,8 +179,7 @@ def _blocks_once(model, prompt_len, new_tokens, batch, settings) -> Optional[Gen
         run, a, b, rows, _ = blocks.scaled(model, once, records, _KEYS)
         if run is None:
             return None
-        traffic = blocks.combine(a.traffic.frame.to_dict("records"), b.traffic.frame.to_dict("records"), run,
-                                 _KEYS)
+        traffic = blocks.combine(a.traffic.frame.to_dict("records"), b.traffic.frame.to_dict("records"), run, _KEYS)
     except Exception:  # a model that cannot run cut down, or cut-down counts that do not prove it: every layer
         return None
     fixed = ["phase", "step", "context", "tokens"]
