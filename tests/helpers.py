@@ -106,3 +106,35 @@ def check_module_rows(rows, backward_total):
     assert {m: r["backward"] for m, r in rows.items() if m} == {"features": 0, "features.0": 0, "fc": 0}
     assert rows[""]["backward"] == backward_total
     assert rows[""]["flops_incl"] == CONV + RELU + FC + LOSS + backward_total
+
+
+def tiny_llama(vocab, hidden, kv_heads, layers, mlp, heads, positions=64):
+    """A Llama of the given widths built on meta (untied head): the sharded tests' model."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=positions,
+                      tie_word_embeddings=False)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(cfg)
+
+
+def token_batch(vocab, batch, seq, seed=0):
+    """``{"input_ids", "labels"}``: one (batch, seq) draw of token ids, the labels the same."""
+    ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(seed))
+    return {"input_ids": ids, "labels": ids}
+
+
+def repeated_step(doc, copies):
+    """A torch.profiler trace document with its complete events repeated ``copies`` times, each copy later in time
+    and its correlation ids apart."""
+    step = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    span = max(e["ts"] + e["dur"] for e in step) - min(e["ts"] for e in step) + 10
+    events = []
+    for k in range(copies):
+        for e in step:
+            e = dict(e, ts=e["ts"] + k * span, args=dict(e.get("args", {})))
+            if "correlation" in e["args"]:
+                e["args"]["correlation"] += k * 1000
+            events.append(e)
+    return dict(doc, traceEvents=events)

@@ -20,6 +20,7 @@ from flopcount.profiles.ranks import peak_resident_bytes, reset_peak, resident_b
 
 sys.path.insert(0, os.path.dirname(__file__))
 import job_trace_gen as G  # noqa: E402
+from helpers import repeated_step  # noqa: E402
 
 linux = pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="Linux's /proc memory figures")
 
@@ -54,16 +55,7 @@ def _grown(path, copies: int):
     """The MI250 fixture's step repeated ``copies`` times (times and correlation ids moved on), gzipped."""
     with gzip.open(MI250, "rt") as fh:
         doc = json.load(fh)
-    step = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
-    span = max(e["ts"] + e["dur"] for e in step) - min(e["ts"] for e in step) + 10
-    events = []
-    for k in range(copies):
-        for e in step:
-            e = dict(e, ts=e["ts"] + k * span, args=dict(e.get("args", {})))
-            if "correlation" in e["args"]:
-                e["args"]["correlation"] += k * 1000
-            events.append(e)
-    doc["traceEvents"] = events
+    doc = repeated_step(doc, copies)
     with gzip.open(path, "wt") as fh:
         json.dump(doc, fh)
     return str(path)

@@ -14,6 +14,7 @@ import pytest
 
 from flopcount.profiles import kineto_trace, trace_columns, trace_rules
 from flopcount.profiles.profile import ProfileError
+from helpers import repeated_step  # noqa: E402
 
 KINETO = Path(__file__).parent / "fixtures" / "kineto"
 FIXTURES = sorted(KINETO.glob("*.json.gz"))
@@ -163,16 +164,8 @@ def test_each_distinct_call_is_parsed_once(tmp_path, monkeypatch):
     """At N events the per-op work (the sizes text, the time rule) runs per distinct call or odd value, not per
     event: counted calls, not time."""
     doc = _doc()
-    step = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
-    span = max(e["ts"] + e["dur"] for e in step) - min(e["ts"] for e in step) + 10
-    events = []
-    for k in range(60):
-        for e in step:
-            e = dict(e, ts=e["ts"] + k * span, args=dict(e.get("args", {})))
-            if "correlation" in e["args"]:
-                e["args"]["correlation"] += k * 1000
-            events.append(e)
-    doc["traceEvents"] = events
+    step = [e for e in doc["traceEvents"] if e.get("ph") == "X"]  # one step's events: what 60 copies repeat
+    doc = repeated_step(doc, 60)
     path = _write(tmp_path, doc)
     calls = {"sizes": 0, "ns": 0, "key": 0, "bounded": 0}
 

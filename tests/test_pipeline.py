@@ -16,6 +16,7 @@ import torch
 import flopcount
 from flopcount.distributed import UnsupportedLayout
 from flopcount.distributed.pipeline import bubble, stage_layers
+from helpers import tiny_llama, token_batch  # noqa: E402
 
 V, H, KV, L, I, HEADS = 256, 64, 4, 4, 128, 8
 B, S = 4, 16
@@ -23,18 +24,11 @@ ACT = S * H * 4  # bytes of one sample's hidden states, fp32: what one microbatc
 
 
 def _llama():
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    cfg = LlamaConfig(vocab_size=V, hidden_size=H, intermediate_size=I, num_hidden_layers=L,
-                      num_attention_heads=HEADS, num_key_value_heads=KV, max_position_embeddings=64,
-                      tie_word_embeddings=False)
-    with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(cfg)
+    return tiny_llama(V, H, KV, L, I, HEADS)
 
 
 def _tokens():
-    ids = torch.randint(0, V, (B, S), generator=torch.Generator().manual_seed(0))
-    return {"input_ids": ids, "labels": ids}
+    return token_batch(V, B, S)
 
 
 def _family(report, world_factor=1):

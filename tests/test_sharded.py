@@ -9,6 +9,7 @@ import torch
 
 import flopcount
 from flopcount.distributed import Layout, UnsupportedLayout
+from helpers import tiny_llama, token_batch  # noqa: E402
 
 D, B = 16, 4  # width and local batch of the block model
 
@@ -83,18 +84,11 @@ HEADS, S, BATCH = 8, 16, 2
 
 
 def _llama():
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    cfg = LlamaConfig(vocab_size=V, hidden_size=H, intermediate_size=I, num_hidden_layers=L,
-                      num_attention_heads=HEADS, num_key_value_heads=KV, max_position_embeddings=64,
-                      tie_word_embeddings=False)
-    with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(cfg)
+    return tiny_llama(V, H, KV, L, I, HEADS)
 
 
 def _tokens():
-    ids = torch.randint(0, V, (BATCH, S), generator=torch.Generator().manual_seed(0))
-    return {"input_ids": ids, "labels": ids}
+    return token_batch(V, BATCH, S)
 
 
 def _linear_weights():

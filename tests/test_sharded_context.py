@@ -13,6 +13,7 @@ import torch
 
 import flopcount
 from flopcount.distributed import Layout, UnsupportedLayout, count_sharded
+from helpers import tiny_llama, token_batch  # noqa: E402
 
 V, H, KV, L, I, HEADS = 256, 64, 4, 2, 128, 8
 E = H // HEADS
@@ -21,18 +22,11 @@ KEYS = ["module", "family", "op", "phase"]
 
 
 def _llama():
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    cfg = LlamaConfig(vocab_size=V, hidden_size=H, intermediate_size=I, num_hidden_layers=L,
-                      num_attention_heads=HEADS, num_key_value_heads=KV, max_position_embeddings=S,
-                      tie_word_embeddings=False)
-    with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(cfg)
+    return tiny_llama(V, H, KV, L, I, HEADS, positions=S)
 
 
 def _tokens():
-    ids = torch.randint(0, V, (BATCH, S), generator=torch.Generator().manual_seed(0))
-    return {"input_ids": ids, "labels": ids}
+    return token_batch(V, BATCH, S)
 
 
 def _family(report, family, phase=None):
