@@ -181,7 +181,8 @@ def test_a_world_leaves_no_mesh_behind(llama_counts):
 @pytest.mark.parametrize("world, words", [({"pp": 2}, "transformers causal LM"), ({"fsdp": 0}, "whole number"),
                                           ({"cp": 0}, "whole number"), ({"ep": 2}, "borrows its ranks"),
                                           ({"sp": 2}, "True or False"),
-                                          ({"fsdp": 2, "cp": 2, "ep": 2}, "not counted yet")])
+                                          # torchtitan: EP takes every CP rank, so it is a multiple of the CP degree
+                                          ({"fsdp": 2, "cp": 4, "ep": 2}, "be a multiple of 4")])
 def test_unsupported_layouts_are_refused_in_one_line(world, words):
     with pytest.raises(UnsupportedLayout) as err:
         flopcount.count(Blocks(), torch.randn(B, D), world=world)

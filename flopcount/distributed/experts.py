@@ -4,8 +4,8 @@ parallel on the experts (``--tp``), FSDP2 on their weights; counted under balanc
 torchtitan's composition, followed here (torchtitan/distributed/parallel_dims.py, expert_parallel.py,
 models/llama4/infra/parallelize.py: ``apply_moe_ep_tp``, ``apply_fsdp``):
 
-* EP adds no ranks: it borrows them from the FSDP dimension (and, with ``etp`` 1, its default, the whole TP
-  dimension too). Each EP rank holds E / ep of the experts. Tokens go to their experts' ranks in an all-to-all
+* EP adds no ranks: it borrows them from the FSDP dimension, takes the whole CP dimension (a CP rank's tokens are
+  routed like any other rank's) and, with ``etp`` 1, its default, the whole TP dimension too. Each EP rank holds E / ep of the experts. Tokens go to their experts' ranks in an all-to-all
   (dispatch) and come back in a second one (combine); backward runs the two mirrored. Before the dispatch the
   ranks swap their per-expert row counts (an all-to-all of E integers), and the rows received are regrouped by
   local expert.
@@ -15,7 +15,7 @@ models/llama4/infra/parallelize.py: ``apply_moe_ep_tp``, ``apply_fsdp``):
   the router stays replicated (``NoParallel``): every TP rank computes it whole; the experts' output is partial over
   the TP ranks and is all-reduced (torchtitan reduce-scatters it under sequence parallel, which flopcount's TP does
   not apply), and the input's gradient is all-reduced in backward.
-* FSDP2 shards the routed experts over the FSDP ranks EP left (``efsdp`` = fsdp x borrowed TP / ep), on their
+* FSDP2 shards the routed experts over the FSDP ranks EP left (``efsdp`` = fsdp x cp x borrowed TP / ep), on their
   second dimension where that mesh x ep exceeds the experts (torchtitan's ``shard_placement_fn``), before the block
   around them is sharded over all the FSDP ranks.
 
@@ -103,19 +103,23 @@ def _token_split(layout: Layout) -> int:
 
 
 def expert_mesh(layout: Layout):
-    """The device mesh of an EP layout: (efsdp, ep ranks taken from FSDP[, tp]), with ``fsdp`` (efsdp x those ranks:
-    every non-expert weight's FSDP group) and ``ep`` (the dispatch group) flattened from it."""
+    """The device mesh of an EP layout, torchtitan's (``_build_mesh_with_ep``): (efsdp, the FSDP ranks EP takes
+    [, cp][, tp]), with ``fsdp`` (every non-expert weight's FSDP group: the FSDP and CP ranks, torchtitan's
+    ``dp_shard_cp``) and ``ep`` (the dispatch group: the FSDP ranks taken, the CP ranks, and the TP ranks under
+    ETP 1) flattened from it."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    borrowed = layout.tp if (layout.etp or 1) == 1 else 1
-    from_fsdp = layout.ep // borrowed
-    efsdp = layout.fsdp * borrowed // layout.ep
-    names = ["efsdp", "ep" if borrowed == 1 else "ep_fsdp"] + (["tp"] if layout.tp > 1 else [])
-    shape = [efsdp, from_fsdp] + ([layout.tp] if layout.tp > 1 else [])
-    mesh = init_device_mesh("cpu", tuple(shape), mesh_dim_names=tuple(names))
-    mesh[("efsdp", names[1])]._flatten("fsdp")
-    if borrowed > 1:
-        mesh[("ep_fsdp", "tp")]._flatten("ep")
+    tp_taken = layout.tp > 1 and (layout.etp or 1) == 1
+    from_fsdp = layout.ep // (layout.cp * (layout.tp if tp_taken else 1))
+    efsdp = layout.fsdp // from_fsdp
+    inner = [(n, d) for n, d in (("cp", layout.cp), ("tp", layout.tp)) if d > 1]
+    members = (["cp"] if layout.cp > 1 else []) + (["tp"] if tp_taken else [])
+    taken = "ep_fsdp" if members else "ep"
+    names = ["efsdp", taken] + [n for n, _ in inner]
+    mesh = init_device_mesh("cpu", (efsdp, from_fsdp) + tuple(d for _, d in inner), mesh_dim_names=tuple(names))
+    mesh[("efsdp", taken) + (("cp",) if layout.cp > 1 else ())]._flatten("fsdp")
+    if members:
+        mesh[(taken, *members)]._flatten("ep")
     return mesh
 
 
@@ -135,8 +139,8 @@ def expert_notes(model: torch.nn.Module, layout: Layout) -> List[str]:
         how.append(f"the routed tokens split over the {layout.tp} TP ranks EP borrows")
     if layout.tp > 1:
         how.append("the router replicated on every TP rank")
-    efsdp = layout.fsdp * (layout.tp if (layout.etp or 1) == 1 else 1) // layout.ep
-    if layout.ep > 1 and layout.fsdp > 1:
+    efsdp = layout.fsdp * layout.cp * (layout.tp if (layout.etp or 1) == 1 else 1) // layout.ep
+    if layout.ep > 1 and layout.fsdp * layout.cp > 1:
         how.append(f"expert weights FSDP-sharded over the {efsdp} ranks EP leaves" if efsdp > 1 else
                    "expert weights not FSDP-sharded (EP takes every FSDP rank)")
     return ([f"{len(found)} routed-expert layers, split as torchtitan splits them and run on the fake group as one "

@@ -2,8 +2,8 @@
 the parameters (FSDP2), split each sequence (context parallel) and split each layer (tensor parallel, with or
 without sequence parallel), and how a mixture of experts' routed experts are split (expert parallel).
 
-World size = pp x fsdp x cp x tp; expert parallel (``ep``) borrows FSDP (and TP) ranks and adds none, as in
-torchtitan. The mesh is (pp, fsdp, cp, tp), pipeline outermost and tensor parallel innermost, as torchtitan builds
+World size = pp x fsdp x cp x tp; expert parallel (``ep``) borrows all the CP ranks, some FSDP ranks (and all the
+TP ranks where the experts are not tensor-parallel) and adds none, as in torchtitan. The mesh is (pp, fsdp, cp, tp), pipeline outermost and tensor parallel innermost, as torchtitan builds
 it, so that a tensor-parallel group is the ranks of one node. A pipeline rank's step is its stages' forward and
 backward per microbatch (``pipeline.py``).
 """
@@ -33,7 +33,7 @@ class Layout:
     frees the gathered parameters after each layer's forward and gathers them again in backward (its default).
     ``tp_plan``: module path pattern -> "colwise" | "rowwise" | "colwise_rep" instead of the model's own plan.
     ``ep``: ranks that split a mixture of experts' routed experts (expert parallel); they are borrowed from the
-    FSDP ranks (and the TP ranks where ``etp`` is 1), never added to the world, as torchtitan composes them.
+    FSDP and CP ranks (and the TP ranks where ``etp`` is 1), never added to the world, as torchtitan composes them.
     ``etp``: the tensor-parallel degree of the routed experts under EP: 1 (torchtitan's default: EP takes the TP
     ranks too) or ``tp`` (each expert split over the TP ranks as well); ``None`` is 1.
     ``cp``: ranks that split each sequence (context parallel: torch's ring attention, the sequence balanced head to
@@ -64,11 +64,8 @@ class Layout:
         if self.sp and self.tp == 1:
             raise UnsupportedLayout("sequence parallel (--sp) splits the sequence over the tensor-parallel ranks: "
                                     "give --tp 2 or more with it")
-        if self.ep > 1 and self.cp > 1:
-            # torchtitan's EP borrows from FSDP x CP; the expert mesh here is built from FSDP (x TP) alone
-            raise UnsupportedLayout("expert parallel (--ep) together with context parallel (--cp) is not counted yet")
         if self.ep > 1:
-            _check_expert_degrees(self.fsdp, self.tp, self.ep, self.etp or 1)
+            _check_expert_degrees(self.fsdp, self.tp, self.ep, self.etp or 1, self.cp)
         for name in ("microbatches", "stages_per_rank"):
             value = getattr(self, name)
             if value is not None and not _whole(value):
@@ -140,15 +137,16 @@ def layout_of(world) -> Layout:
                             f"not {world!r}")
 
 
-def _check_expert_degrees(fsdp: int, tp: int, ep: int, etp: int) -> None:
+def _check_expert_degrees(fsdp: int, tp: int, ep: int, etp: int, cp: int = 1) -> None:
     """torchtitan's rule (``ParallelDims._validate``, torchtitan/distributed/parallel_dims.py): EP borrows ranks, it
-    adds none; with ETP = TP it borrows some of the FSDP ranks, with ETP = 1 all the TP ranks and some FSDP ranks."""
+    adds none; it takes every CP rank and some of the FSDP ranks, with ETP 1 every TP rank as well."""
     if etp not in (1, tp):
         raise UnsupportedLayout(f"--etp {etp}: the experts' tensor-parallel degree is 1 or the TP degree ({tp}), "
                                 "as torchtitan allows")
-    borrowed = tp if etp == 1 else 1  # the TP ranks EP takes over
+    borrowed = cp * (tp if etp == 1 else 1)  # the CP (and TP) ranks EP takes over whole
     if ep % borrowed or (fsdp * borrowed) % ep:
-        whence = f"--fsdp {fsdp} x --tp {tp}" if borrowed > 1 else f"--fsdp {fsdp}"
+        whence = " x ".join([f"--fsdp {fsdp}"] + ([f"--cp {cp}"] if cp > 1 else [])
+                            + ([f"--tp {tp}"] if etp == 1 and tp > 1 else []))
         raise UnsupportedLayout(f"--ep {ep} borrows its ranks from {whence} (it adds none, as in torchtitan): it must "
                                 f"divide {fsdp * borrowed}" + (f" and be a multiple of {borrowed}" if borrowed > 1
                                                                else ""))

@@ -11,7 +11,7 @@ node runs its ring at once). Bandwidths are per direction: a ring sends and rece
 """
 from __future__ import annotations
 
-from typing import Mapping, Tuple
+from typing import Mapping, Optional, Tuple
 
 from flopcount.distributed.layout import UnsupportedLayout
 
@@ -28,13 +28,15 @@ def group_of(op: str) -> str:
     return "fsdp"
 
 
-def group_in(op: str, world: Mapping[str, int]) -> str:
+def group_in(op: str, world: Mapping[str, int], in_experts: Optional[bool] = None) -> str:
     """``group_of(op)`` read with the layout that ran it: under context parallel an all-to-all without expert
     parallel is the ring attention's gradient rotation (``"cp"``), and without tensor parallel every functional
-    collective is the ring's too. With both TP and CP the two share op names and stay ``"tp"``."""
+    collective is the ring's too. With both TP and CP the two share op names and stay ``"tp"``. With both EP and
+    CP an all-to-all is the experts' dispatch inside a routed-experts module and the ring's elsewhere:
+    ``in_experts`` says which where it is known."""
     group = group_of(op)
     cp, ep, tp = (int(world.get(k, 1) or 1) for k in ("cp", "ep", "tp"))
-    if cp > 1 and ((group == "ep" and ep <= 1) or (group == "tp" and tp <= 1)):
+    if cp > 1 and ((group == "ep" and (ep <= 1 or in_experts is False)) or (group == "tp" and tp <= 1)):
         return "cp"
     return group
 
@@ -60,7 +62,7 @@ def link(op: str, world: Mapping[str, int], spec) -> Tuple[str, float]:
     cp = int(world.get("cp", 1) or 1)
     if cp > 1 and group_of(op) in ("fsdp", "pp"):  # a pipeline's neighbours: fsdp x cp x tp ranks apart
         fsdp *= cp
-    elif cp > 1:
+    elif cp > 1 and group_of(op) != "ep":  # an EP group holds the CP ranks: its span is the EP mesh's
         fsdp, op = cp, "c10d.x"
     if not fsdp and not tp:  # only the world size is known: every collective spans it
         fsdp, tp = int(world.get("world", 1) or 1), 1
@@ -103,7 +105,10 @@ def collectives(report, spec=None):
     if f.empty:
         return pd.DataFrame(columns=columns)
     world = report.meta.get("world") or {}  # a model sharded by its owner: {"world": N} alone
-    g = f.assign(kind=[kind_of(op) for op in f["op"]], group=[group_in(op, world) for op in f["op"]])
+    types = report.meta.get("module_types") or {}
+    inside = [types[m].endswith("ExpertShard") if m in types else None for m in f["module"]]
+    g = f.assign(kind=[kind_of(op) for op in f["op"]],
+                 group=[group_in(op, world, e) for op, e in zip(f["op"], inside)])
     out = g.groupby(["kind", "group", "phase"], sort=False)[["calls", "bytes", "flops"]].sum().reset_index()
     out = out.rename(columns={"bytes": "sent"})
     if spec is not None:

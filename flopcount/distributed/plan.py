@@ -83,7 +83,7 @@ def parallelize(model: torch.nn.Module, layout: Layout, mesh) -> List[str]:
         if layout.ep > 1:
             moe.shard_expert_weights(model, layout, mesh, layout.reshard_after_forward)
         # CP ranks hold the same parameters: FSDP2 shards them over the FSDP and CP ranks together (torchtitan's
-        # dp_shard_cp mesh), so that their gradients are reduced together (EP with CP is refused in layout.py)
+        # dp_shard_cp mesh, the EP layout's fsdp), so that their gradients are reduced together
         fsdp_mesh = moe.sub_mesh(mesh, "fsdp") if layout.ep > 1 else sub_mesh(mesh, layout, "fsdp", "cp")
         notes += apply_fsdp(model, fsdp_mesh, layout.reshard_after_forward)
     return notes

@@ -30,6 +30,7 @@ from flopcount.base import collector
 from flopcount.base.errors import FlopcountError
 from flopcount.counting import AsGiven, aside, blocks, count_step, whole_report
 from flopcount.distributed.experts import assumptions
+from flopcount.distributed.experts import sub_mesh as moe_sub_mesh
 from flopcount.distributed.fake_group import fake_world
 from flopcount.distributed.layout import layout_of
 from flopcount.distributed.context import check_sequence, local_inputs, ring_attention
@@ -129,7 +130,7 @@ def _count_rank(model, inputs, layout, *, backward, loss_fn, name, as_device, ra
             sharded.to_empty(device="cpu")
         within = None
         if layout.cp > 1:  # this rank's 2 chunks of the sequence, its attention a ring over the CP ranks
-            cp_mesh = sub_mesh(mesh, layout, "cp")
+            cp_mesh = moe_sub_mesh(mesh, "cp") if layout.ep > 1 else sub_mesh(mesh, layout, "cp")
             inputs = local_inputs(inputs, layout.cp, cp_mesh.get_local_rank())
             within = lambda: ring_attention(cp_mesh)  # noqa: E731
             notes.append(f"context parallel {layout.cp}: this rank holds chunks {cp_mesh.get_local_rank()} and "
