@@ -5,8 +5,8 @@ from __future__ import annotations
 import glob
 import os
 
-from flopcount.cli.common import (EXIT_OK, UsageError, positive_float, positive_int, print_frame, print_json,
-                                  schema_line)
+from flopcount.cli.common import (EXIT_OK, UsageError, add_causal, positive_float, positive_int, print_frame,
+                                  print_json, schema_line)
 
 
 def add_options(p) -> None:
@@ -19,6 +19,7 @@ def add_options(p) -> None:
     p.add_argument("--scheduler", metavar="ADDRESS", default=None,
                    help="job: read the ranks on this Dask scheduler's workers (pip install 'flopcount[jobs]')")
     p.add_argument("--peak", type=positive_float, default=None, help="job: each rank's peak FLOP/s, for MFU")
+    add_causal(p)
 
 
 def is_job(args) -> bool:
@@ -36,7 +37,8 @@ def run(args) -> int:
         if getattr(args, name, default) not in (default,):
             raise UsageError(f"--{name.replace('_', '-')} reads one profile, not a job of several")
     job = read_job([args.profile] + list(args.more), "trace" if args.command == "trace" else "nsys",
-                   workers=args.workers, scheduler=args.scheduler, peak=args.peak, device_spec=args.device_spec)
+                   workers=args.workers, scheduler=args.scheduler, peak=args.peak, device_spec=args.device_spec,
+                   causal=args.causal)
     if args.plot:
         from flopcount.analyses.plots import plot_job
 
@@ -83,9 +85,7 @@ def job_table(job, top=None) -> str:
             R.Col("exposed_communication_s", R.SECONDS, "exposed"), R.Col("idle_s", R.SECONDS, "idle"),
             R.Col("achieved_flops_per_s", R.RATE, "FLOP/s", drop=2), R.Col("mfu_pct", R.AUTO, "MFU %", drop=1)]
     spread = j["spread"]["step_s"]
-    notes = [f"step spread: {R.seconds(spread['min'])} to {R.seconds(spread['max'])}",
-             "MFU: a causal attention's square in full, as the trace's ops are priced (PaLM, torchtitan); the halved "
-             "convention (Megatron, MaxText) is not computed from a trace"]
+    notes = [f"step spread: {R.seconds(spread['min'])} to {R.seconds(spread['max'])}", _conventions(j)]
     if j["spread"]["mfu"]["min"] is not None:
         notes[0] += f"; MFU {100 * j['spread']['mfu']['min']:.2f}% to {100 * j['spread']['mfu']['max']:.2f}%"
     if len(job.stragglers):
@@ -95,3 +95,18 @@ def job_table(job, top=None) -> str:
         notes.append("no straggler: no rank kept the others waiting at collectives beyond the job's jitter")
     notes += [f"note: {n}" for n in job.notes]
     return R.table(f, cols, title=title, notes=notes)
+
+
+def _conventions(j: dict) -> str:
+    """The MFU line's conventions: the leading one named, the other's figure beside it; one figure where no call
+    was recorded causal."""
+    from flopcount.analyses.causal import NAMES
+
+    lead = j["causal_convention"]
+    if not j["causal_attention"]:
+        return ("MFU: no attention recorded with is_causal True (Concrete Inputs), so the causal square in full "
+                "(PaLM, torchtitan) and halved (Megatron, MaxText) agree")
+    other = "half" if lead == "full" else "full"
+    pct = lambda v: f"{100 * v:.2f}%" if v is not None else "-"  # noqa: E731
+    return (f"MFU {pct(j[f'mfu_causal_{lead}'])} ({NAMES[lead]}; the rows' MFU %); {pct(j[f'mfu_causal_{other}'])} "
+            f"({NAMES[other]}), each call recorded with is_causal True charged half its scores' work")

@@ -72,7 +72,8 @@ class Analysis:
 
     @property
     def op_ranges(self) -> Optional[pd.DataFrame]:
-        """One row per op call: ``row`` (its range in the profile), start, end, tid, op, phase, flops, status."""
+        """One row per op call: ``row`` (its range in the profile), start, end, tid, op, phase, flops, status, and
+        ``causal_removed``: the FLOPs the halved causal convention leaves out (a call recorded with is_causal)."""
         return self._table("op_ranges")
 
     @property
@@ -249,11 +250,12 @@ def analyze(prof: Profile, naive: bool = False) -> Analysis:
         notes.append(f"{count:,} row(s) skipped: {why}")
     flops = np.full(n, -1, dtype=np.int64)
     status = np.zeros(n, dtype=np.int8)
+    causal_removed = np.zeros(n, dtype=np.int64)
     with ThreadPoolExecutor(max_workers=1) as pool:
         side = pool.submit(attribute)
         if has_shapes:
-            flops, status = op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, prof.sizes_format,
-                                     notes, by_level)
+            flops, status, causal_removed = op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth,
+                                                     prof.sizes_format, notes, by_level)
         in_range, kcount, ktime, int_only, under, inner = side.result()
     # integer work is not floating-point work: an op whose kernels all name integer element types counts 0
     flops[int_only & (flops > 0)] = 0
@@ -320,7 +322,8 @@ def analyze(prof: Profile, naive: bool = False) -> Analysis:
         "op_ranges": lambda: pd.DataFrame({
             "row": np.flatnonzero(is_op), "start": start[is_op], "end": end[is_op], "tid": tid[is_op],
             "op": _texts(packets[name_codes[is_op]]), "phase": _texts(PHASES[phase[is_op]]),
-            "flops": np.maximum(flops[is_op], 0), "status": _texts(STATUS[status[is_op]])}),
+            "flops": np.maximum(flops[is_op], 0), "status": _texts(STATUS[status[is_op]]),
+            "causal_removed": causal_removed[is_op]}),
         "kernel_groups": lambda: _kernel_groups(k, kdur, inner, in_range, op_of, is_op, flops),
         "kernel_ops": lambda: pd.DataFrame({
             "start": k["start"].to_numpy(np.int64), "name": _texts(k["name"]),

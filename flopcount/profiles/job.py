@@ -241,19 +241,26 @@ def run_dask(paths, ranks, kind: str, scheduler) -> list:
 
 
 def read_job(targets, kind: str = "trace", *, workers: Optional[int] = None, scheduler=None, peak=None,
-             device_spec=None, fresh: Optional[bool] = None) -> Job:
+             device_spec=None, fresh: Optional[bool] = None, causal: str = "full") -> Job:
     """Read every rank of a job (see the module's docstring) and combine them; ``fresh``: each rank in a process
-    of its own, False: never in a fresh one (default: ``ranks_per_process``)."""
+    of its own, False: never in a fresh one (default: ``ranks_per_process``); ``causal``: the convention for a
+    causal attention's square that ``mfu`` gives ("full" or "half"; both are given)."""
+    _check_causal(causal)
     paths = expand(targets, kind)
     ranks = assign_ranks(paths, kind)
     n = 0 if scheduler is not None else workers_for(paths, workers)
     summaries = run_dask(paths, ranks, kind, scheduler) if scheduler is not None else \
         run_local(paths, ranks, kind, n, fresh)
-    job = combine(summaries, peak=peak, device_spec=device_spec)
+    job = combine(summaries, peak=peak, device_spec=device_spec, causal=causal)
     job.paths, job.workers = [s.path for s in summaries], n
     if scheduler is not None:
         job.scheduler = scheduler if isinstance(scheduler, str) else str(scheduler.scheduler.address)
     return job
+
+
+def _check_causal(causal: str) -> None:
+    if causal not in ("full", "half"):
+        raise JobError(f"unknown causal convention {causal!r}: use full (PaLM, torchtitan) or half (Megatron, MaxText)")
 
 
 def peak_of(s, peak=None, device_spec=None):
@@ -277,21 +284,26 @@ def peak_of(s, peak=None, device_spec=None):
     return float(value), spec.name
 
 
-def combine(summaries, peak=None, device_spec=None) -> Job:
-    """The job from its ranks' summaries: each rank's MFU, the job's MFU and spread, the stragglers."""
+def combine(summaries, peak=None, device_spec=None, causal: str = "full") -> Job:
+    """The job from its ranks' summaries: each rank's MFU, the job's MFU and spread, the stragglers. MFU in both
+    conventions for a causal attention's square, ``causal`` ("full" or "half") the one ``mfu`` gives."""
+    _check_causal(causal)
     summaries = sorted(summaries, key=lambda s: s.rank)
     rows, notes = [], []
     for s in summaries:
         pk, source = peak_of(s, peak, device_spec)
-        mfu = s.flops / (s.step_s * pk) if pk and s.step_s > 0 and s.has_shapes else None
+        full = s.flops / (s.step_s * pk) if pk and s.step_s > 0 and s.has_shapes else None
+        half = (s.flops - s.causal_removed) / (s.step_s * pk) if full is not None else None
+        mfu = full if causal == "full" else half
         rows.append({"rank": s.rank, "flops": s.flops if s.has_shapes else None, "gpu_busy_s": s.busy_s,
                      "compute_s": s.compute_s, "communication_s": s.communication_s,
                      "exposed_communication_s": s.exposed_communication_s, "idle_s": s.idle_s, "step_s": s.step_s,
                      # the share of the communication with no compute beside it
                      "exposed_share": s.exposed_communication_s / s.communication_s if s.communication_s > 0
                      else None,
-                     "mfu": mfu, "achieved_flops_per_s": s.flops / s.step_s if s.step_s > 0 and s.has_shapes
-                     else None, "peak_flops_per_s": pk, "peak_source": source, "steps": s.steps,
+                     "mfu": mfu, "mfu_causal_full": full, "mfu_causal_half": half,
+                     "flops_causal_removed": s.causal_removed if s.has_shapes else None,
+                     "achieved_flops_per_s": s.flops / s.step_s if s.step_s > 0 and s.has_shapes else None, "peak_flops_per_s": pk, "peak_source": source, "steps": s.steps,
                      "idle_share": s.idle_s / s.step_s if s.step_s > 0 else None,
                      **{f"flops_{p}": s.flops_by_phase.get(p, 0.0) for p in ("forward", "backward", "recompute",
                                                                              "optimizer")},
@@ -306,14 +318,17 @@ def combine(summaries, peak=None, device_spec=None) -> Job:
     flops = ranks["flops"]
     priced = bool(flops.notna().all() and peaks.notna().all() and step > 0)
     total = float(flops.sum()) if flops.notna().all() else None
-    job = {"ranks": len(ranks), "step_s": step, "flops": total,
-           "mfu": total / (step * float(peaks.sum())) if priced else None,
+    removed = float(ranks["flops_causal_removed"].sum()) if total is not None else 0.0
+    mfu = {c: (flops_ - cut) / (step * float(peaks.sum())) if priced else None
+           for c, flops_, cut in (("full", total, 0.0), ("half", total, removed))}
+    job = {"ranks": len(ranks), "step_s": step, "flops": total, "mfu": mfu[causal],
+           "mfu_causal_full": mfu["full"], "mfu_causal_half": mfu["half"],
            "achieved_flops_per_s": total / step if total is not None and step > 0 else None,
            "spread": {c: _spread(ranks[c]) for c in ("step_s", "mfu", "flops", "idle_s", "exposed_communication_s")},
            "schemas": sorted(set(ranks["schema"])),
-           # a trace's fused attention is priced over its whole square (is_causal, where recorded, adds its mask):
-           # the PaLM and torchtitan convention; the halved one would need each call's flag, which markers may lack
-           "causal_convention": "full"}
+           # a trace's fused attention is priced over its whole square; the halved convention takes half the score
+           # work off each call recorded with is_causal True (Concrete Inputs), where the trace records the flag
+           "causal_convention": causal, "causal_attention": removed > 0, "flops_causal_removed": removed}
     if not priced and total is not None:
         notes.append("MFU not computed: " + "; ".join(sorted(set(ranks.loc[peaks.isna(), "peak_source"]))))
     steps = int(ranks["steps"].min())

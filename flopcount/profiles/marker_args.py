@@ -345,14 +345,16 @@ class CannotDerive(Exception):
     pass
 
 
-def derive(op: str, sizes, ctx: Context = Context(), values=None, types=None):
+def derive(op: str, sizes, ctx: Context = Context(), values=None, types=None, table=None):
     """(flops, reason): flops is None when they cannot be derived from this marker; ``op`` as ``aten::mm``.
 
     ``sizes`` as an emit_nvtx marker gives them (tensor lists spliced in), unless ``values`` is given: then one
     entry per argument as a Kineto trace records them (``Input Dims``, a tensor list as a list of sizes), with
     the recorded scalar values (``Concrete Inputs``, parsed; None where not recorded) and ``types``
-    (``Input type``). A recorded value replaces the inference of that argument."""
-    fn = formulas.lookup(op.replace("::", ".", 1))
+    (``Input type``). A recorded value replaces the inference of that argument. ``table`` (``{op: formula}``)
+    prices the ops it names in place of the registry (another convention for them)."""
+    name = op.replace("::", ".", 1)
+    fn = (table or {}).get(name) or formulas.lookup(name)
     if fn is None:
         return None, "no formula"
     if _has_negative(sizes):  # a corrupt marker: a count from it would be wrong even where its sign comes out right

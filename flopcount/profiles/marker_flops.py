@@ -149,7 +149,9 @@ def _owning_op(rows: np.ndarray, is_op: np.ndarray, parent: np.ndarray) -> np.nd
 
 
 def op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, fmt, notes, by_level=None):
-    """(flops (-1 where not derived), reason, status code) per range, and the set of (op, reason) failures."""
+    """Per range: FLOPs (-1 where not derived), status code, and the FLOPs the halved causal convention (Megatron,
+    MaxText) does not charge (a fused attention recorded with ``is_causal`` True: half its square's score work;
+    0 elsewhere, and where the flag is not recorded)."""
     n = len(r)
     sc = r["sizes"].cat.codes.to_numpy().astype(np.int32)
     size_texts = np.asarray(r["sizes"].cat.categories, dtype=object)
@@ -164,6 +166,7 @@ def op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, fmt, no
     node = per_name(markers.is_backward_node)
     formula = per_name(lambda u: markers.is_aten(u) and formulas.lookup(markers.packet(u)) is not None)
     zero = per_name(lambda u: markers.packet(u) in formulas.ZERO_FLOP)
+    attention = np.array([formulas.op_family(markers.packet(u)) == "attention" for u in name_cats], dtype=bool)
 
     # backward node sizes per seq (the first node of that seq) and the forward op that created each node
     nodes = np.flatnonzero(node & (seq >= 0))
@@ -233,6 +236,7 @@ def op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, fmt, no
     codes, firsts = group_codes(cols)
     uniq = [tuple(int(c[i]) for c in cols) for i in firsts]
     values = np.full(len(uniq), -1, dtype=np.int64)
+    removed_by = np.zeros(len(uniq), dtype=np.int64)
     why = np.full(len(uniq), -1, dtype=np.int64)
     parsed = {}
     for j, (nc, szc, oc, lk, hb, nd, kd, fc) in enumerate(uniq):
@@ -255,6 +259,10 @@ def op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, fmt, no
                     # integer work is not floating-point work (num_batches_tracked += 1), whether or not the
                     # recorded sizes fit the op's schema (a TorchScript op may record its inputs shifted)
                     f, reason = 0, ""
+                elif f and attention[nc]:
+                    half, _ = derive(str(name_cats[nc]), args[0], ctx, values=args[2], types=args[1],
+                                     table=_halved_table())
+                    removed_by[j] = f - half if half is not None else 0
             except (RecursionError, MemoryError, OverflowError) as exc:
                 f, reason = None, f"sizes too large or too deep for a formula ({type(exc).__name__})"
         if f is not None and not 0 <= f < 1 << 62:
@@ -267,6 +275,8 @@ def op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, fmt, no
             why[j] = reasons.index(reason)
     flops[rows] = values[codes]
     reason_code[rows] = why[codes]
+    removed = np.zeros(n, dtype=np.int64)
+    removed[rows] = removed_by[codes]
 
     status = np.zeros(n, dtype=np.int8)
     status[is_op & formula] = np.where(flops[is_op & formula] >= 0, _COUNTED, _UNCOUNTED)
@@ -289,4 +299,10 @@ def op_flops(r, name_cats, name_codes, seq, phase, is_op, parent, depth, fmt, no
         for (nc, rc), count in f.items():
             what = markers.packet(str(name_cats[nc]))
             notes.append(f"FLOPs not derived for {count} call(s) of {what}: {reasons[rc] if rc >= 0 else 'unknown'}")
-    return flops, status
+    return flops, status, np.where(flops > 0, removed, 0)
+
+
+def _halved_table() -> dict:
+    from flopcount.formulas.attention import causal_halved
+
+    return causal_halved()

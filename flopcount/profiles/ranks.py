@@ -65,11 +65,19 @@ class RankSummary:
     worker: int = 0  # the process that read it, and that process's CPU seconds (user + sys) by then
     worker_cpu_s: float = 0.0
     trace_schema: str = ""  # a torch.profiler trace's schema in words, as the single-file report names it
+    # per step by phase: what the halved causal convention (Megatron, MaxText) leaves out of flops_by_phase
+    causal_removed_by_phase: dict = field(default_factory=dict)
 
     @property
     def flops(self) -> float:
         """Model FLOPs per step: forward + backward (MFU's convention; recompute and optimizer apart)."""
         return float(self.flops_by_phase.get("forward", 0) + self.flops_by_phase.get("backward", 0))
+
+    @property
+    def causal_removed(self) -> float:
+        """Of ``flops``, what the halved causal convention does not charge (0 where no call was causal)."""
+        by_phase = self.causal_removed_by_phase
+        return float(by_phase.get("forward", 0) + by_phase.get("backward", 0))
 
 
 def distributed_info(path: str, kind: str = "trace") -> dict:
@@ -177,12 +185,14 @@ def summarize(path: str, rank: int, kind: str = "trace") -> RankSummary:
         order = np.argsort(coll_s[sel], kind="stable")
         collectives[str(key)] = (coll_s[sel][order], coll_e[sel][order])
 
-    flops = {}
+    flops, removed = {}, {}
     if a.has_shapes and a.op_ranges is not None and len(a.op_ranges):
         o = a.op_ranges
         mid = o["start"].to_numpy(np.int64)
         within = (mid >= lo) & (mid < hi) if is_step.any() else np.ones(len(o), bool)
-        flops = {p: float(v) / steps for p, v in o[within].groupby("phase")["flops"].sum().items() if p}
+        by_phase = o[within].groupby("phase")[["flops", "causal_removed"]].sum()
+        flops = {p: float(v) / steps for p, v in by_phase["flops"].items() if p}
+        removed = {p: float(v) / steps for p, v in by_phase["causal_removed"].items() if p}
     per = 1e9 * steps
     notes = list(a.notes)
     if not is_step.any():
@@ -196,7 +206,7 @@ def summarize(path: str, rank: int, kind: str = "trace") -> RankSummary:
                        reader_start_bytes=start_bytes,
                        report_frame=_mix_frame(a), groups=process_groups(distributed_info(path, kind)),
                        worker=os.getpid(), worker_cpu_s=_cpu(),
-                       trace_schema=prof.schema_name if kind == "trace" else "")
+                       trace_schema=prof.schema_name if kind == "trace" else "", causal_removed_by_phase=removed)
 
 
 # a step of one matmul and its kernel: reading it pays once what any first read pays (modules imported on first
