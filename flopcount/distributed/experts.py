@@ -5,10 +5,10 @@ torchtitan's composition, followed here (torchtitan/distributed/parallel_dims.py
 models/llama4/infra/parallelize.py: ``apply_moe_ep_tp``, ``apply_fsdp``):
 
 * EP adds no ranks: it borrows them from the FSDP dimension, takes the whole CP dimension (a CP rank's tokens are
-  routed like any other rank's) and, with ``etp`` 1, its default, the whole TP dimension too. Each EP rank holds E / ep of the experts. Tokens go to their experts' ranks in an all-to-all
-  (dispatch) and come back in a second one (combine); backward runs the two mirrored. Before the dispatch the
-  ranks swap their per-expert row counts (an all-to-all of E integers), and the rows received are regrouped by
-  local expert.
+  routed like any other rank's) and, with ``etp`` 1, its default, the whole TP dimension too. Each EP rank holds
+  E / ep of the experts. Tokens go to their experts' ranks in an all-to-all (dispatch) and come back in a second one
+  (combine); backward runs the two mirrored. Before the dispatch the ranks swap their per-expert row counts (an
+  all-to-all of E integers), and the rows received are regrouped by local expert.
 * With ``etp`` = ``tp`` each expert is split over the TP ranks too (``ExpertTensorParallel``): its gate and up
   projections column-wise, its down projection row-wise. With ``etp`` = 1 and TP on, the TP ranks split the tokens
   instead (``ReordererSequenceParallel``). Without EP, TP splits every expert (``TensorParallel``). In all three,

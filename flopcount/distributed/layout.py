@@ -2,10 +2,10 @@
 the parameters (FSDP2), split each sequence (context parallel) and split each layer (tensor parallel, with or
 without sequence parallel), and how a mixture of experts' routed experts are split (expert parallel).
 
-World size = pp x fsdp x cp x tp; expert parallel (``ep``) borrows all the CP ranks, some FSDP ranks (and all the
-TP ranks where the experts are not tensor-parallel) and adds none, as in torchtitan. The mesh is (pp, fsdp, cp, tp), pipeline outermost and tensor parallel innermost, as torchtitan builds
-it, so that a tensor-parallel group is the ranks of one node. A pipeline rank's step is its stages' forward and
-backward per microbatch (``pipeline.py``).
+World size = pp x fsdp x cp x tp; expert parallel (``ep``) borrows all the CP ranks, some FSDP ranks (and all the TP
+ranks where the experts are not tensor-parallel) and adds none, as in torchtitan. The mesh is (pp, fsdp, cp, tp),
+pipeline outermost and tensor parallel innermost, as torchtitan builds it, so that a tensor-parallel group is the
+ranks of one node. A pipeline rank's step is its stages' forward and backward per microbatch (``pipeline.py``).
 """
 from __future__ import annotations
 

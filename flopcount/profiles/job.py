@@ -260,7 +260,8 @@ def read_job(targets, kind: str = "trace", *, workers: Optional[int] = None, sch
 
 def _check_causal(causal: str) -> None:
     if causal not in ("full", "half"):
-        raise JobError(f"unknown causal convention {causal!r}: use full (PaLM, torchtitan) or half (Megatron, MaxText)")
+        raise JobError(f"unknown causal convention {causal!r}: use full (PaLM, torchtitan) or half (Megatron, "
+                       "MaxText)")
 
 
 def peak_of(s, peak=None, device_spec=None):
@@ -303,7 +304,8 @@ def combine(summaries, peak=None, device_spec=None, causal: str = "full") -> Job
                      else None,
                      "mfu": mfu, "mfu_causal_full": full, "mfu_causal_half": half,
                      "flops_causal_removed": s.causal_removed if s.has_shapes else None,
-                     "achieved_flops_per_s": s.flops / s.step_s if s.step_s > 0 and s.has_shapes else None, "peak_flops_per_s": pk, "peak_source": source, "steps": s.steps,
+                     "achieved_flops_per_s": s.flops / s.step_s if s.step_s > 0 and s.has_shapes else None,
+                     "peak_flops_per_s": pk, "peak_source": source, "steps": s.steps,
                      "idle_share": s.idle_s / s.step_s if s.step_s > 0 else None,
                      **{f"flops_{p}": s.flops_by_phase.get(p, 0.0) for p in ("forward", "backward", "recompute",
                                                                              "optimizer")},
@@ -319,8 +321,8 @@ def combine(summaries, peak=None, device_spec=None, causal: str = "full") -> Job
     priced = bool(flops.notna().all() and peaks.notna().all() and step > 0)
     total = float(flops.sum()) if flops.notna().all() else None
     removed = float(ranks["flops_causal_removed"].sum()) if total is not None else 0.0
-    mfu = {c: (flops_ - cut) / (step * float(peaks.sum())) if priced else None
-           for c, flops_, cut in (("full", total, 0.0), ("half", total, removed))}
+    mfu = {c: (total - cut) / (step * float(peaks.sum())) if priced else None
+           for c, cut in (("full", 0.0), ("half", removed))}
     job = {"ranks": len(ranks), "step_s": step, "flops": total, "mfu": mfu[causal],
            "mfu_causal_full": mfu["full"], "mfu_causal_half": mfu["half"],
            "achieved_flops_per_s": total / step if total is not None and step > 0 else None,
