@@ -48,9 +48,15 @@ def count_parallelized(model, inputs, **options):
     return count(model, inputs, **options)
 
 
-def shard_launched(model, world, device: str):
+def shard_launched(model, world, device: str, *, ring_by_caller: bool = False):
     """``model`` sharded as ``world`` says over the ranks torchrun launched (the process group is up), on a mesh
-    of ``device``'s type: the measured counterpart of ``count_sharded``."""
+    of ``device``'s type: the measured counterpart of ``count_sharded``.
+
+    Context parallel only with ``ring_by_caller``: the model is then sharded as on a fake group (FSDP2 over the
+    FSDP and CP ranks together), and the rest is the step's, which the caller owns: each rank fed its part of the
+    sequence (torch's ``context_parallel`` buffers, or ``context.local_inputs``) and the step run under ring
+    attention over the CP ranks (``context.ring_attention``), as ``count_sharded`` does on a fake group. Without
+    it a CP layout is refused, since the whole sequence on every rank would be measured as if it were split."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -60,7 +66,7 @@ def shard_launched(model, world, device: str):
     if layout.ep > 1:  # the fake group's experts dispatch by balanced routing: a real run routes by its data
         raise UnsupportedLayout("expert parallel (--ep) is counted on a fake process group only, under balanced "
                                 "routing; it is not measured under torchrun")
-    if layout.cp > 1:
+    if layout.cp > 1 and not ring_by_caller:
         raise UnsupportedLayout(f"context parallel ({layout.describe()}) is counted on a fake process group "
                                 "(flopcount count --cp N), not measured under torchrun")
     if layout.pp > 1:
