@@ -6,7 +6,9 @@ microbatches of one sample). The listed differences between the sum over the ran
 
 * a stage runs the model's own forward, so each stage makes its own rotary table (it does not depend on the
   batch: the whole step makes it once, a pipeline once per stage and microbatch);
-* each microbatch's gradients are added to the ones accumulated before it: (m - 1) adds per parameter.
+* each microbatch's gradients are added to the ones accumulated before it: (m - 1) adds per parameter;
+* the last stage divides each microbatch's loss by m, as torchtitan does: one division a microbatch, forward and
+  backward (2 m FLOPs).
 """
 from fractions import Fraction
 
@@ -80,7 +82,8 @@ def test_the_ranks_sum_to_the_whole_step_but_the_rotary_table_made_on_every_stag
     assert rotary  # made once in the whole step (its table does not depend on the batch)
     made = p * B  # once per stage and microbatch in the pipeline
     params = sum(t.numel() for t in counts["model"].parameters())
-    expected = _sum([_family(whole), {k: (made - 1) * v for k, v in rotary.items()}, {"pointwise": (B - 1) * params}])
+    expected = _sum([_family(whole), {k: (made - 1) * v for k, v in rotary.items()},
+                     {"pointwise": (B - 1) * params + 2 * B}])
     assert {k: v for k, v in _sum(_family(r) for r in counts[p]).items() if v} == \
         {k: v for k, v in expected.items() if v}
     # the matrix products alone add up exactly: 2 x tokens x weights forward, and every stage's are its layers'
@@ -105,6 +108,23 @@ def test_the_gradients_of_the_microbatches_are_added_up(counts):
     adds = last.frame[(last.frame["op"] == "aten.add_") & (last.frame["module"] == "lm_head")]
     # B - 1 microbatches' gradients added to the first's: (B - 1) x H x V adds, two read and one written (fp32)
     assert adds["flops"].sum() == (B - 1) * H * V and adds["bytes"].sum() == (B - 1) * 3 * H * V * 4
+
+
+def test_the_last_stage_divides_each_microbatchs_loss_by_the_microbatches(counts):
+    """torchtitan rescales each microbatch's loss by 1 / m (its schedule's scale_grads off): one division of the
+    fp32 scalar a microbatch (1 FLOP, 4 bytes read and 4 written) and one in its backward."""
+    first, last = counts[2]
+    div = _rows(last, "aten.div")
+    div = div[div["module"] == ""].set_index("phase")
+    for phase in ("forward", "backward"):
+        assert (div.loc[phase, "flops"], div.loc[phase, "bytes"], div.loc[phase, "calls"]) == (B, 8 * B, B)
+    assert (_rows(first, "aten.div")["module"] != "").all()  # the first stage takes no loss
+    assert any("divides each microbatch's loss by 4" in n for n in last.notes)
+    one = flopcount.count(counts["model"], counts["inputs"], world={"pp": 2, "microbatches": 1}, rank=1)
+    assert (_rows(one, "aten.div")["module"] != "").all()  # one microbatch: its loss is the batch's
+    # the stand-in that ends stage 0 (a scalar made from its output, an empty gradient of the output's shape in
+    # backward) is flopcount's, not the pipeline's: not counted
+    assert _rows(first, "aten.new_zeros").empty and _rows(first, "aten.new_empty").empty
 
 
 @pytest.mark.parametrize("p", [2, 4])

@@ -16,6 +16,10 @@ How, and why this way:
   states (the base model, its final norm taken out) and taking the gradient it receives as the start of its
   backward. So each stage also makes its own rotary tables and attention mask: the one difference from the whole
   model's step, listed in the notes.
+* The last stage divides each microbatch's loss by the number of microbatches, as torchtitan does
+  (``rescale_accumulated_loss``, with the schedule's own ``scale_grads`` off), so that the gradients the
+  microbatches add up are those of the batch's mean loss: one division of the scalar loss a microbatch, and one in
+  its backward (none for a single microbatch).
 * One microbatch (``batch / microbatches`` samples) is counted through the same sharded path as any rank
   (``sharded.count_sharded``: FSDP2 and tensor parallel on the stage, on a fake process group), and its rows are
   counted ``microbatches`` times, but for FSDP2's own collectives: with a pipeline torchtitan keeps a stage's
@@ -39,11 +43,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 from fractions import Fraction
-from typing import Callable, List, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 
 from flopcount.base.errors import FlopcountError
+from flopcount.counting import aside
 from flopcount.distributed.layout import Layout, UnsupportedLayout
 from flopcount.distributed.plan import repeated_blocks
 
@@ -121,14 +126,17 @@ class _ReceivedGradient(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden):
-        """A scalar stand-in for the loss, made without arithmetic."""
+        """A scalar stand-in for the loss, made without arithmetic (and not counted: no pipeline makes it)."""
         ctx.shape, ctx.dtype = hidden.shape, hidden.dtype
-        return hidden.new_zeros(())
+        with aside():
+            return hidden.new_zeros(())
 
     @staticmethod
     def backward(ctx, grad):
-        """The received gradient: an empty tensor of the output's shape."""
-        return grad.new_empty(ctx.shape, dtype=ctx.dtype)
+        """The received gradient: an empty tensor of the output's shape (a receive buffer, not counted here:
+        the receive is the ``c10d.recv_`` row)."""
+        with aside():
+            return grad.new_empty(ctx.shape, dtype=ctx.dtype)
 
 
 def _send_to_next(out):
@@ -159,6 +167,17 @@ def build_stage(model, parts: _Parts, stage: int, stages: int, layers: range, in
         inputs.pop("labels", None)
         return base, inputs, _send_to_next, parts.prefix
     return whole, inputs, None, ""
+
+
+def microbatch_loss(loss_fn: Optional[Callable], microbatches: int) -> Optional[Callable]:
+    """The last stage's loss: the step's (``loss_fn``, or the model's own) divided by the number of microbatches,
+    as torchtitan's ``rescale_accumulated_loss`` does (one division of the scalar a microbatch)."""
+    if microbatches < 2:
+        return loss_fn
+    from flopcount.model.step import default_loss
+
+    fn = loss_fn or default_loss
+    return lambda output: fn(output) / microbatches
 
 
 def message_of(model) -> Tuple[int, torch.dtype]:

@@ -6,9 +6,9 @@ from typing import Callable, Optional
 
 from flopcount.base.report import COLUMNS, FlopReport
 from flopcount.distributed.layout import Layout, UnsupportedLayout
-from flopcount.distributed.pipeline import (SEND, accumulation_rows, bubble, bubble_formula, build_stage, check_pipeline, layers_note,
-                                            message_of, microbatch, p2p_rows, renamer, stage_layers, stage_layout,
-                                            stages_of)
+from flopcount.distributed.pipeline import (SEND, accumulation_rows, bubble, bubble_formula, build_stage,
+                                            check_pipeline, layers_note, message_of, microbatch, microbatch_loss,
+                                            p2p_rows, renamer, stage_layers, stage_layout, stages_of)
 
 KEYS = ["module", "op", "phase", "dtype", "family", "status"]
 _PATH_DICTS = ("params", "module_types", "module_outputs")
@@ -46,7 +46,8 @@ def count_pipeline_rank(model, inputs, layout: Layout, *, backward: bool = True,
         module, stage_inputs, stage_loss, prefix = build_stage(model, parts, stage, total, spans[stage],
                                                                microbatch(inputs, size), meta_copy)
         report = count_sharded(module, stage_inputs, stage_layout(layout), backward=backward,
-                               loss_fn=stage_loss if stage_loss is not None else loss_fn, model_name=name,
+                               loss_fn=stage_loss if stage_loss is not None else microbatch_loss(loss_fn, m),
+                               model_name=name,
                                as_device=as_device, rank=inner_rank)
         # the stage's paths (of the base model before the last stage, its layers from 0) as the whole model's
         rename = renamer(prefix, f"{parts.prefix}.{parts.blocks}", spans[stage].start)
@@ -84,6 +85,9 @@ def count_pipeline_rank(model, inputs, layout: Layout, *, backward: bool = True,
     if m > 1:
         head.append(f"each microbatch's gradients are added to the others' ({m - 1} aten.add_ per gradient element, "
                     "backward): work the whole step at the full batch does not do")
+        if total - 1 in mine:
+            head.append(f"the last stage divides each microbatch's loss by {m} (torchtitan's rescale_accumulated_loss, "
+                        "the schedule's scale_grads off): one aten.div a microbatch, forward and backward")
     if layout.fsdp > 1:
         head.append("FSDP2 under a pipeline: parameters gathered once and gradients reduce-scattered once per step "
                     "(reshard_after_forward off, as torchtitan sets it; the last microbatch reduces)")
