@@ -47,8 +47,7 @@ def count_pipeline_rank(model, inputs, layout: Layout, *, backward: bool = True,
                                                                microbatch(inputs, size), meta_copy)
         report = count_sharded(module, stage_inputs, stage_layout(layout), backward=backward,
                                loss_fn=stage_loss if stage_loss is not None else microbatch_loss(loss_fn, m),
-                               model_name=name,
-                               as_device=as_device, rank=inner_rank)
+                               model_name=name, as_device=as_device, rank=inner_rank)
         # the stage's paths (of the base model before the last stage, its layers from 0) as the whole model's
         rename = renamer(prefix, f"{parts.prefix}.{parts.blocks}", spans[stage].start)
         f = report.frame[COLUMNS].copy()
