@@ -255,3 +255,19 @@ def test_the_text_of_a_gzip_is_held_once(tmp_path):
     two = tmp_path / "two.json.gz"
     two.write_bytes(gzip.compress(text[:1000]) + gzip.compress(text[1000:]))
     assert trace_columns._text(str(two)) == text
+
+
+def test_a_truncated_gzip_claiming_4_gib_is_not_given_4_gib(tmp_path):
+    """A cut gzip ends in whatever bytes were there: its trailer's size is not trusted past what deflate can reach
+    from the file (about 1032 to 1), so a corrupt 2 KB file is not read into a 4 GiB buffer."""
+    import tracemalloc
+
+    path = tmp_path / "cut.json.gz"
+    path.write_bytes(gzip.compress(gzip.decompress(MI250.read_bytes()))[:2000] + b"\xff\xff\xff\xff")
+    tracemalloc.start()
+    try:
+        assert_same(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2004 * 1032 + (16 << 20)

@@ -29,7 +29,7 @@ import pandas as pd
 
 from flopcount.base.errors import FlopcountError
 from flopcount.profiles import stragglers as S
-from flopcount.profiles.profile import ProfileError, check_path
+from flopcount.profiles.profile import DEFLATE_MAX_RATIO, ProfileError, check_path
 from flopcount.profiles.ranks import distributed_rank, name_rank, release_freed, summarize, system_arrow_pool, warm_up
 
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -147,7 +147,7 @@ def decompressed_size(path: str) -> int:
         return size
     while inner < size:  # the trailer wrapped at 4 GiB
         inner += 1 << 32
-    return inner
+    return min(inner, size * DEFLATE_MAX_RATIO)  # past that the trailer is not the file's (a truncated gzip)
 
 
 def available_memory() -> float:

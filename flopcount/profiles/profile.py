@@ -15,6 +15,10 @@ import pandas as pd
 from flopcount.base.errors import FlopcountError
 
 
+# deflate's largest ratio (about 1032 to 1): a gzip trailer claiming more than that many times the file is not the
+# file's (a truncated or corrupt gzip ends in other bytes), so it is never trusted past it
+DEFLATE_MAX_RATIO = 1032
+
 class ProfileError(FlopcountError):
     """The file is not a usable profile (foreign, truncated, missing a table, no NVTX, not a trace)."""
 

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from flopcount.profiles import trace_rules as R
+from flopcount.profiles.profile import DEFLATE_MAX_RATIO
 from flopcount.profiles import trace_values as V
 
 try:
@@ -114,13 +115,13 @@ def _text(path: str):
     """The trace's text: the file, or its gzip decompressed a piece at a time into one buffer the size its
     trailer gives (the whole of it decompressed at once would briefly be held twice, its pieces and their join; a
     buffer grown as it fills, while it is copied); grown where the trailer says less (a size past 4 GiB, several
-    members)."""
+    members) or where it says more than the file can hold (a corrupt or truncated gzip)."""
     with open(path, "rb") as fh:
         if fh.read(2) != b"\x1f\x8b":
             fh.seek(0)
             return fh.read()
-        fh.seek(-4, 2)
-        size = int.from_bytes(fh.read(4), "little")
+        end = fh.seek(-4, 2) + 4
+        size = min(int.from_bytes(fh.read(4), "little"), end * DEFLATE_MAX_RATIO)
     text = bytearray(size)
     at = 0
     with gzip.open(path, "rb") as fh:
