@@ -342,3 +342,19 @@ def test_sequence_parallel_on_a_mixture_of_experts_is_refused_in_one_line(world)
     with pytest.raises(UnsupportedLayout) as err:
         flopcount.count(model, inputs, world=world)
     assert "mixture of experts" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_pp_x_sp_a_stage_of_the_head_alone_takes_its_shard_at_the_final_norm():
+    """4 layers over 4 stages leave the last stage the final norm and head alone (torchtitan's split): it takes its
+    sequence shard of what it receives at the final norm, which runs on seq / tp tokens; it sends back its shard's
+    gradient, m x seq / tp x H x 4 bytes; it gathers the head's input and the logits, (t - 1) / t of each."""
+    model, inputs = tiny_llama(V, H, KV, 4, I, HEADS), token_batch(V, 4, SP_SEQ)
+    m, t = 4, 2
+    last = flopcount.count(model, inputs, world={"pp": 4, "tp": t, "sp": True}, rank=6)
+    whole = flopcount.count(model, inputs)
+    assert last.uncounted == {} and last.meta["pipeline"]["layers"] == [[4, 4]]
+    assert _sent(last, "c10d.send", "backward") == (m * SP_SEQ // t * H * 4, m)
+    norm = lambda r: r.frame[(r.frame["module"] == "model.norm") & (r.frame["op"] != "aten.add_")]  # noqa: E731
+    assert norm(last)["flops"].sum() * t == norm(whole)["flops"].sum() > 0
+    gathers = _sent(last, "_c10d_functional.all_gather_into_tensor", "forward")
+    assert gathers == (m * (SP_SEQ * H + SP_SEQ * V) * 4 * (t - 1) // t, 2 * m)

@@ -106,20 +106,19 @@ def _merge_meta(meta: dict, stage: dict, rename: Callable[[str], str]) -> None:
 
 def _watch_message(module, parts, last: bool) -> dict:
     """What the stage holds of the hidden states at its end, recorded as its step runs: ``{"bytes", "dtype"}`` of
-    this rank's local tensor where the final norm takes them (an identity on a stage before the last). That is what
+    this rank's local tensor out of the final norm (an identity on a stage before the last). That is what
     the stage sends forward per microbatch, and, the layout of the hidden states being the same at every stage's
     ends, what it receives and sends back as their gradient: the whole microbatch under tensor parallel alone, seq /
     cp of the tokens under context parallel (its inputs are cut), seq / (cp x tp) under sequence parallel (torchtitan
     hands on local sequence shards). The hook goes with the module into the sharded copy the count makes of it."""
     seen = {}
 
-    def hook(_module, args):
+    def hook(_module, _args, hidden):  # after the norm's own input hooks: what it took (and gives) is the stage's
         from torch.distributed.tensor import DTensor
 
-        hidden = args[0]
         local = hidden.to_local() if isinstance(hidden, DTensor) else hidden
         seen.update(bytes=local.numel() * local.element_size(), dtype=str(local.dtype).replace("torch.", ""))
 
     base = getattr(module, parts.prefix) if last else module
-    getattr(base, parts.norm).register_forward_pre_hook(hook)
+    getattr(base, parts.norm).register_forward_hook(hook)
     return seen

@@ -48,15 +48,15 @@ def sequence_parallel_styles(model: torch.nn.Module, plan: Dict[str, object], bl
                              blocks) -> Tuple[Dict[str, object], List[str]]:
     """The tensor-parallel ``plan`` (module path -> style) with sequence parallelism added: the styles of its
     row-wise linears, embedding and LM head changed, the norms and the inputs of the attention and MLP added."""
-    if blocks is None:
+    embedding = model.get_input_embeddings() if callable(getattr(model, "get_input_embeddings", None)) else None
+    if blocks is None and embedding is not None:
         raise UnsupportedLayout(f"sequence parallel: {type(model).__name__} has no stack of layers to split")
     if expert_modules(model):
         # torchtitan gathers a mixture of experts' input on the sequence and reduce-scatters its partial output
         # onto the sequence shards; flopcount's experts all-reduce their output over the TP ranks (experts.py)
         raise UnsupportedLayout(f"sequence parallel (--sp) on a mixture of experts ({type(model).__name__}) is not "
                                 "counted yet: count it with --tp alone")
-    out = dict(plan)
-    embedding = model.get_input_embeddings() if callable(getattr(model, "get_input_embeddings", None)) else None
+    out, blocks = dict(plan), blocks if blocks is not None else []  # no layers: the last stage with the head alone
     names = {m: n for n, m in model.named_modules()}
     embedding_name = names.get(embedding)
     for name, style in plan.items():
@@ -69,13 +69,13 @@ def sequence_parallel_styles(model: torch.nn.Module, plan: Dict[str, object], bl
                 out[name] = RowwiseParallel(output_layouts=Shard(SEQ), use_local_output=False)
         elif isinstance(style, ColwiseParallel) and not name.startswith(blocks_name + "."):
             out[name] = ColwiseParallel(input_layouts=Shard(SEQ), output_layouts=Replicate())  # the LM head
-    if embedding_name is None:
-        if not len(blocks):
-            raise UnsupportedLayout(f"sequence parallel: {type(model).__name__} has no input embedding and no "
-                                    "layers to shard the sequence at")
+    received = embedding_name is None
+    if received and len(blocks):
         # a pipeline stage after the first: it is fed the hidden states the previous stage sends, which under
         # sequence parallel are that stage's sequence shard (torchtitan's layers hand on local Shard(1) tensors)
         out[f"{blocks_name}.0"] = ReceivedSequenceShard()
+    elif received:
+        pass  # a stage of the head alone: its final norm takes the shard (below)
     elif embedding_name not in out:  # kept whole: each rank takes its slice of the looked-up rows
         out[embedding_name] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(SEQ),
                                                   use_local_output=False)
@@ -99,6 +99,11 @@ def sequence_parallel_styles(model: torch.nn.Module, plan: Dict[str, object], bl
             norms.append(name)
     for name in norms:
         out[name] = SequenceParallel(sequence_dim=SEQ, use_local_output=False)
+    if received and not len(blocks):
+        if not norms:
+            raise UnsupportedLayout(f"sequence parallel: {type(model).__name__} has no input embedding, layers or "
+                                    "norm to shard the sequence at")
+        out[norms[-1]] = ReceivedSequenceShard(then=out[norms[-1]])
     notes = [f"sequence parallel: {len(norms)} norms run on 1 / tp of the sequence; each attention and MLP "
              "gathers its input and reduce-scatters its output"]
     return out, notes
@@ -166,7 +171,12 @@ class _TakeShard(torch.autograd.Function):
 class ReceivedSequenceShard(ParallelStyle):
     """The first layer of a pipeline stage after the first takes its input as the sequence shard the previous stage
     sent (torchtitan hands on local ``Shard(1)`` tensors between stages): no collective, each rank 1 / tp of the
-    tokens. The stage's input keeps the whole sequence's shape, which a transformers model reads its length off."""
+    tokens. The stage's input keeps the whole sequence's shape, which a transformers model reads its length off.
+    ``then``: a style applied after (the final norm's ``SequenceParallel``, on a stage of the head alone)."""
+
+    def __init__(self, then: ParallelStyle = None):
+        super().__init__()
+        self.then = then
 
     def _apply(self, module: torch.nn.Module, device_mesh) -> torch.nn.Module:
         keyword = _first_argument(module)
@@ -180,4 +190,4 @@ class ReceivedSequenceShard(ParallelStyle):
             return args, kwargs
 
         module.register_forward_pre_hook(hook, with_kwargs=True)
-        return module
+        return self.then._apply(module, device_mesh) if self.then is not None else module
