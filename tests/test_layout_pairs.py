@@ -1,5 +1,6 @@
-"""Parallel layouts in pairs: PP x CP, PP x SP, PP x EP and EP x TP. The sum over every rank of the world of each
-compute family against the unsharded count, and each pair's collectives per rank against closed forms worked here.
+"""Parallel layouts in pairs: PP x CP, PP x SP, PP x EP and EP x TP (and TP alone on experts). The sum over every
+rank of each compute family against the unsharded count, and each pair's collectives per rank against closed forms
+worked here.
 
 How the sum is checked. Each rank is counted (or one of each set of ranks alike, weighted by how many it stands
 for: ``per_rank.distinct_ranks``, where the ranks are alike by construction). The unsharded count is of one
@@ -311,18 +312,20 @@ def test_pp_x_ep_stages_send_whole_microbatches_and_dispatch_their_rows(pp_ep):
 @pytest.fixture(scope="module")
 def ep_tp():
     model, inputs = _mixtral()
-    out = {"whole": _rows(flopcount.count(model, inputs))}
+    out = {"whole": _rows(flopcount.count(model, inputs)), "tp alone": _world(model, inputs, {"tp": 2})[0]}
     for etp in (1, 2):
         out[etp] = _world(model, inputs, {"fsdp": 2, "tp": 2, "ep": 2, "etp": etp})[0]
     return out
 
 
-@pytest.mark.parametrize("etp", [1, 2])
+@pytest.mark.parametrize("etp", [1, 2, "tp alone"])
 def test_ep_x_tp_every_family_sums_to_the_unsharded_count_but_the_listed_differences(ep_tp, etp):
-    dp, t = 2, 2
+    """FSDP 2 x TP 2 with EP 2 taking the TP ranks (ETP 1) or 2 FSDP ranks (ETP 2); and TP 2 alone on the
+    experts (no EP: each expert's width split, as under ETP 2, on one data-parallel rank's batch)."""
+    dp, t = (1 if etp == "tp alone" else 2), 2
     rules = [tp_whole(t), router_whole(t)]
     extras = {"reduction": L * HISTC * ROWS * dp}  # ETP 1: the TP ranks split the routed rows, each histc'd once
-    if etp == 2:
+    if etp != 1:
         # each expert's width split over the TP ranks: its output rows are partial sums until the all-reduce, so
         # the routed rows' weighting (mul), the sum over the top k (sum) and its backward's scatter (index_put),
         # and the histc run whole on every TP rank
@@ -332,6 +335,10 @@ def test_ep_x_tp_every_family_sums_to_the_unsharded_count_but_the_listed_differe
         # the weighting's mul, ROWS x H forward and 2 x ROWS x H backward a layer, whole on every TP rank (the
         # gate's activation product, ROWS x I / t, is split: the unsharded mul rows hold both, so by hand)
         extras["pointwise"] = (t - 1) * dp * L * 3 * ROWS * MH
+    if etp == "tp alone":
+        # without EP the experts' offsets are the running sum of the float histogram: E adds a layer on every rank
+        # (under EP they are summed from the int64 counts the ranks exchange, which count no FLOPs)
+        extras["reduction"] += L * EXPERTS * t
     assert _families(ep_tp[etp]) == _expected(ep_tp["whole"], dp, rules, extras)
 
 
