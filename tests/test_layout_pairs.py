@@ -243,6 +243,8 @@ def test_pp_x_cp_sums_to_the_unsharded_count_but_the_listed_differences(pp_cp):
     expected = _expected(whole, 1, [pp_rotary(pp, m)], extras, replaced={"attention": attention})
     assert _families(world) == expected
     assert ring_world["pointwise"] > ring_whole["pointwise"]  # the ring's merges are work the whole step lacks
+    # and op by op: the pipeline's ring rows are CP alone's
+    assert ring(world).sort_index().equals(ring(pp_cp["cp_alone"]).sort_index())
 
 
 @pytest.mark.slow
