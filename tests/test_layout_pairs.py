@@ -268,6 +268,18 @@ def test_pp_x_cp_sends_and_the_rings_exchange_by_the_closed_form(pp_cp):
             (layers * m * cp * kv, layers * m * cp)
 
 
+def test_pp_x_cp_a_stage_fed_hidden_states_keeps_each_tokens_place():
+    """A stage after the first is fed hidden states, not token ids: its CP rank's part still carries the positions
+    of its two chunks in the whole sequence (for the rotary embedding). By hand, 8 tokens over CP 2 in 4 chunks of 2:
+    rank 1 holds chunks 1 and 2, positions 2 to 5."""
+    import torch
+
+    from flopcount.distributed.context import local_inputs
+
+    part = local_inputs({"inputs_embeds": torch.zeros(1, 8, 4)}, 2, 1)
+    assert part["position_ids"].tolist() == [[2, 3, 4, 5]] and part["inputs_embeds"].shape == (1, 4, 4)
+
+
 # --- PP x EP ---------------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def pp_ep():
