@@ -379,3 +379,17 @@ def test_pp_x_sp_a_stage_of_the_head_alone_takes_its_shard_at_the_final_norm():
     assert norm(last)["flops"].sum() * t == norm(whole)["flops"].sum() > 0
     gathers = _sent(last, "_c10d_functional.all_gather_into_tensor", "forward")
     assert gathers == (m * (SP_SEQ * H + SP_SEQ * V) * 4 * (t - 1) // t, 2 * m)
+
+
+def test_pp_x_sp_interleaved_ranks_send_their_shards_from_every_stage():
+    """Interleaved 1F1B, 2 ranks x 2 stages of a 4-layer Llama (layer 0 | 1-2 | 3 | the head alone), 2 microbatches of
+    2 samples: a shard is 2 x seq / tp x H x 4 bytes. Rank 0 runs stages 0 and 2: stage 0 sends forward, stage 2
+    (a middle stage, fed its shard) both ways; rank 2 runs stages 1 and 3: stage 1 both ways, stage 3 back."""
+    model, inputs = tiny_llama(V, H, KV, 4, I, HEADS), token_batch(V, 4, SP_SEQ)
+    world = {"pp": 2, "tp": 2, "sp": True, "schedule": "interleaved-1f1b", "microbatches": 2}
+    shard, m = 2 * SP_SEQ // 2 * H * 4, 2
+    for rank, forward, backward in ((0, 2, 1), (2, 1, 2)):
+        report = flopcount.count(model, inputs, world=world, rank=rank)
+        assert report.uncounted == {}
+        assert _sent(report, "c10d.send", "forward") == (forward * m * shard, forward * m)
+        assert _sent(report, "c10d.send", "backward") == (backward * m * shard, backward * m)

@@ -48,7 +48,7 @@ def sequence_parallel_styles(model: torch.nn.Module, plan: Dict[str, object], bl
                              blocks) -> Tuple[Dict[str, object], List[str]]:
     """The tensor-parallel ``plan`` (module path -> style) with sequence parallelism added: the styles of its
     row-wise linears, embedding and LM head changed, the norms and the inputs of the attention and MLP added."""
-    embedding = model.get_input_embeddings() if callable(getattr(model, "get_input_embeddings", None)) else None
+    embedding = _input_embedding(model)
     if blocks is None and embedding is not None:
         raise UnsupportedLayout(f"sequence parallel: {type(model).__name__} has no stack of layers to split")
     if expert_modules(model):
@@ -107,6 +107,17 @@ def sequence_parallel_styles(model: torch.nn.Module, plan: Dict[str, object], bl
     notes = [f"sequence parallel: {len(norms)} norms run on 1 / tp of the sequence; each attention and MLP "
              "gathers its input and reduce-scatters its output"]
     return out, notes
+
+
+def _input_embedding(model: torch.nn.Module):
+    """The model's input embedding, or None: none declared, or taken out (a pipeline stage after the first, whose
+    transformers base model then refuses to name one)."""
+    if not callable(getattr(model, "get_input_embeddings", None)):
+        return None
+    try:
+        return model.get_input_embeddings()
+    except NotImplementedError:
+        return None
 
 
 def _first_argument(module: torch.nn.Module) -> str:
