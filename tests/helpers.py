@@ -138,3 +138,38 @@ def repeated_step(doc, copies):
                 e["args"]["correlation"] += k * 1000
             events.append(e)
     return dict(doc, traceEvents=events)
+
+
+# --- the listed differences between a sharded world's sum and the unsharded count, shared by the layout tests -------
+def sp_whole_on_every_rank(module: str, family: str) -> bool:
+    """What every rank runs whole under sequence parallel (its sum over t ranks is t x the unsharded count): the loss
+    and its softmax on the gathered logits (no loss parallel), the rotary table (every rank's attention sees the
+    whole sequence), the row-wise embedding's backward (every token's gradient, all-gathered, into the rank's rows),
+    and the input gradients of q, k, v (and gate, up) added before their one reduce-scatter (partial sums over the
+    whole sequence)."""
+    whole = {("", "loss"), ("", "softmax"), ("model.rotary_emb", "pointwise"), ("model.embed_tokens", "memory")}
+    partial_sums = family == "pointwise" and module.rsplit(".", 1)[-1] in ("q_proj", "k_proj", "gate_proj")
+    return (module, family) in whole or partial_sums
+
+
+def ring_blocks(n: int, i: int, c: int):
+    """CP rank ``i`` of ``n``'s attention calls under torch's ring with the head-tail split (chunks of ``c``
+    tokens): (queries, keys, causal) of step 0 (its own 2 chunks) and of each other rank's keys."""
+    return [(2 * c, 2 * c, True)] + [(2 * c, c, False) if s < i else (c, 2 * c, False) for s in range(n) if s != i]
+
+
+def cp_attention(n: int, i: int, batch: int, heads: int, seq: int, head_dim: int):
+    """(forward, backward) attention FLOPs of CP rank ``i`` of ``n`` in one layer, each call's whole square:
+    forward B H Lq Lk (4E + 5 + 1 if causal); backward B H (Lq Lk (10E + 5 + 1 if causal) + 2E Lq)."""
+    blocks = ring_blocks(n, i, seq // (2 * n))
+    fwd = sum(batch * heads * q * k * (4 * head_dim + 5 + causal) for q, k, causal in blocks)
+    bwd = sum(batch * heads * (q * k * (10 * head_dim + 5 + causal) + 2 * head_dim * q) for q, k, causal in blocks)
+    return fwd, bwd
+
+
+def cp_ring_extra(module: str, family: str) -> bool:
+    """Ops CP ranks run beyond the unsharded step's, all in the attention module: ring attention merges its blocks'
+    partial outputs by their log-sum-exp (sigmoid, log-sigmoid, subtract, multiply per query row), adds up the key
+    and value gradients over its steps, and sums the gradients of the keys and values repeated for grouped-query
+    attention (its kernels take as many key heads as query heads; the unsharded CPU kernel takes grouped heads)."""
+    return module.endswith("self_attn") and family in ("pointwise", "reduction")

@@ -13,7 +13,7 @@ import torch
 
 import flopcount
 from flopcount.distributed import Layout, UnsupportedLayout, count_sharded
-from helpers import tiny_llama, token_batch  # noqa: E402
+from helpers import cp_attention, cp_ring_extra, ring_blocks, tiny_llama, token_batch  # noqa: E402
 
 V, H, KV, L, I, HEADS = 256, 64, 4, 2, 128, 8
 E = H // HEADS
@@ -51,13 +51,8 @@ def cp_counts():
 
 
 def attention_by_hand(n: int, i: int, heads: int = HEADS):
-    """(forward, backward) attention FLOPs of CP rank ``i`` of ``n``, per layer, from its blocks."""
-    c = S // (2 * n)
-    blocks = [(2 * c, 2 * c, True)]  # (queries, keys, causal)
-    blocks += [(2 * c, c, False) if s < i else (c, 2 * c, False) for s in range(n) if s != i]
-    fwd = sum(BATCH * heads * q * k * (4 * E + 5 + causal) for q, k, causal in blocks)
-    bwd = sum(BATCH * heads * (q * k * (10 * E + 5 + causal) + 2 * E * q) for q, k, causal in blocks)
-    return fwd, bwd
+    """(forward, backward) attention FLOPs of CP rank ``i`` of ``n``, per layer, from its blocks (helpers.py)."""
+    return cp_attention(n, i, BATCH, heads, S, E)
 
 
 @pytest.mark.parametrize("i", [0, 1])
@@ -86,18 +81,8 @@ def test_the_ranks_together_count_the_lower_triangle_and_the_diagonal_blocks():
         assert sum(halved) == S * S // 2 and halved[0] * n == S * S // 2
 
 
-def _blocks(n, i, c):
-    return [(2 * c, 2 * c, True)] + [(2 * c, c, False) if s < i else (c, 2 * c, False)
-                                     for s in range(n) if s != i]
-
-
-# ops the CP ranks run beyond the unsharded step's, each with its reason (all in the attention module)
-def _ring_extra(module: str, family: str) -> bool:
-    # ring attention merges its blocks' partial outputs by their log-sum-exp (sigmoid, log-sigmoid, subtract,
-    # multiply per query row), adds up the key and value gradients over its steps, and sums the gradients of the
-    # keys and values repeated for grouped-query attention (its kernels take as many key heads as query heads;
-    # the unsharded CPU kernel takes grouped heads as they are)
-    return module.endswith("self_attn") and family in ("pointwise", "reduction")
+_blocks = ring_blocks
+_ring_extra = cp_ring_extra  # ops the CP ranks run beyond the unsharded step's, each with its reason (helpers.py)
 
 
 def test_sum_over_ranks_is_the_unsharded_count_but_attention_and_the_ring(cp_counts):

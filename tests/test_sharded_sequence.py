@@ -10,6 +10,7 @@ import torch
 
 import flopcount
 from flopcount.distributed import Layout, UnsupportedLayout, count_sharded
+from helpers import sp_whole_on_every_rank  # noqa: E402
 from test_sharded import BATCH, H, L, S, V, _by, _llama, _tokens
 
 KEYS = ["module", "family", "op", "phase"]
@@ -31,22 +32,7 @@ def sp_counts():
     return counts
 
 
-# ops every rank runs whole under sequence parallel, each with its reason: rank x t = whole x t, not whole
-WHOLE_ON_EVERY_RANK = {
-    # the LM head's logits are gathered for the loss (no loss parallel): the loss runs on every token
-    ("", "loss"), ("", "softmax"),
-    # the rotary table (cos, sin) is built for every position: each rank's attention sees the whole sequence
-    ("model.rotary_emb", "pointwise"),
-    # the row-wise embedding's backward takes every token's gradient (all-gathered) into the rank's vocabulary rows
-    ("model.embed_tokens", "memory"),
-}
-
-
-def _whole_on_every_rank(module: str, family: str) -> bool:
-    # the input gradients of q, k, v (and of gate, up) are added before their one reduce-scatter: partial sums over
-    # the whole sequence on every rank
-    partial_sums = family == "pointwise" and module.rsplit(".", 1)[-1] in ("q_proj", "k_proj", "gate_proj")
-    return (module, family) in WHOLE_ON_EVERY_RANK or partial_sums
+_whole_on_every_rank = sp_whole_on_every_rank  # the listed ops, each with its reason (helpers.py)
 
 
 @pytest.mark.parametrize("t", [2, 4])

@@ -87,7 +87,8 @@ def local_inputs(inputs, degree: int, cp_rank: int):
         return t
 
     local = torch.utils._pytree.tree_map(cut, inputs)
-    if isinstance(local, dict) and "input_ids" in local and "position_ids" not in local:
+    fed = isinstance(local, dict) and ("input_ids" in local or "inputs_embeds" in local)  # a pipeline stage: embeds
+    if fed and "position_ids" not in local:
         local = dict(local, position_ids=mine.unsqueeze(0))  # one row for the batch, as the model makes its own
     return local
 

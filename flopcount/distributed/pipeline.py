@@ -122,21 +122,34 @@ def model_parts(model: torch.nn.Module) -> _Parts:
 
 class _ReceivedGradient(torch.autograd.Function):
     """The end of a stage before the last: its backward starts from the gradient the next stage sends, a tensor
-    of the output's shape that costs nothing here (no loss, no reduction)."""
+    of the output's shape that costs nothing here (no loss, no reduction). Where the output is a DTensor (sequence
+    parallel: this rank's sequence shard), the gradient is one of the same placements: the next stage sends back
+    the gradient of the shard it received, and the stage's backward starts from that."""
 
     @staticmethod
     def forward(ctx, hidden):
         """A scalar stand-in for the loss, made without arithmetic (and not counted: no pipeline makes it)."""
-        ctx.shape, ctx.dtype = hidden.shape, hidden.dtype
+        ctx.shape, ctx.dtype, ctx.placed = hidden.shape, hidden.dtype, None
+        from torch.distributed.tensor import DTensor
+
+        if isinstance(hidden, DTensor):
+            ctx.placed = (hidden.device_mesh, hidden.placements, hidden.to_local().shape, hidden.stride())
         with aside():
             return hidden.new_zeros(())
 
     @staticmethod
     def backward(ctx, grad):
-        """The received gradient: an empty tensor of the output's shape (a receive buffer, not counted here:
-        the receive is the ``c10d.recv_`` row)."""
+        """The received gradient: an empty tensor of the output's shape and placements (a receive buffer, not
+        counted here: the receive is the ``c10d.recv_`` row)."""
+        from torch.distributed.tensor import DTensor
+
+        local = grad.to_local() if isinstance(grad, DTensor) else grad
         with aside():
-            return grad.new_empty(ctx.shape, dtype=ctx.dtype)
+            if ctx.placed is None:
+                return local.new_empty(ctx.shape, dtype=ctx.dtype)
+            mesh, placements, local_shape, stride = ctx.placed
+            return DTensor.from_local(local.new_empty(local_shape, dtype=ctx.dtype), mesh, placements,
+                                      run_check=False, shape=ctx.shape, stride=stride)
 
 
 def _send_to_next(out):
@@ -225,22 +238,35 @@ def p2p_rows(stage: int, stages: int, message_bytes: int, dtype: str, backward: 
 
 def accumulation_rows(stage_module, layout: Layout, microbatches: int, rename: Callable[[str], str]) -> List[dict]:
     """The gradient of every trained parameter added to the accumulated one for each microbatch after the first:
-    ``aten.add_`` rows of the backward, ``microbatches - 1`` adds per element of the rank's (tensor-parallel) shard,
-    two elements read and one written each."""
+    ``aten.add_`` rows of the backward, ``microbatches - 1`` adds per element of the rank's shard (of the tensor-
+    parallel split, and of the routed experts under expert parallel), two elements read and one written each."""
     if microbatches < 2:
         return []
+    from flopcount.distributed.experts import expert_modules
+
     split = _tensor_parallel_split(stage_module, layout)
+    experts = {path for path, _ in expert_modules(stage_module)}
     rows = []
     for path, module in stage_module.named_modules():
         for name, p in module.named_parameters(recurse=False):
             if not p.requires_grad:
                 continue
             n = p.numel() // layout.tp if split.get(path) in ("all", name) else p.numel()
+            if path in experts:
+                n = p.numel() // _expert_share(layout)
             k = microbatches - 1
             rows.append(dict(module=rename(path), op="aten.add_", phase="backward",
                              dtype=str(p.dtype).replace("torch.", ""), family="pointwise", status="counted",
                              flops=k * n, bytes=k * 3 * n * p.element_size(), calls=k))
     return rows
+
+
+def _expert_share(layout: Layout) -> int:
+    """Into how many parts a routed-experts weight is split per rank, as torchtitan splits it (``experts.py``): the
+    experts over the EP ranks, and each expert's width over the TP ranks where TP splits the experts (TP without
+    EP, or ETP = TP; with ETP 1 the TP ranks split the tokens and hold whole experts)."""
+    width = layout.tp if layout.tp > 1 and (layout.ep == 1 or (layout.etp or 1) == layout.tp) else 1
+    return layout.ep * width
 
 
 def _tensor_parallel_split(stage_module, layout: Layout) -> dict:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
+from flopcount.base.errors import FlopcountError
 from flopcount.base.report import COLUMNS, FlopReport
 from flopcount.distributed.layout import Layout, UnsupportedLayout
 from flopcount.distributed.pipeline import (SEND, accumulation_rows, bubble, bubble_formula, build_stage,
-                                            check_pipeline, layers_note, message_of, microbatch, microbatch_loss,
-                                            p2p_rows, renamer, stage_layers, stage_layout, stages_of)
+                                            check_pipeline, layers_note, microbatch, microbatch_loss, p2p_rows,
+                                            renamer, stage_layers, stage_layout, stages_of)
 
 KEYS = ["module", "op", "phase", "dtype", "family", "status"]
 _PATH_DICTS = ("params", "module_types", "module_outputs")
@@ -45,6 +46,7 @@ def count_pipeline_rank(model, inputs, layout: Layout, *, backward: bool = True,
     for stage in mine:
         module, stage_inputs, stage_loss, prefix = build_stage(model, parts, stage, total, spans[stage],
                                                                microbatch(inputs, size), meta_copy)
+        message = _watch_message(module, parts, last=stage == total - 1)
         report = count_sharded(module, stage_inputs, stage_layout(layout), backward=backward,
                                loss_fn=stage_loss if stage_loss is not None else microbatch_loss(loss_fn, m),
                                model_name=name, as_device=as_device, rank=inner_rank)
@@ -55,10 +57,10 @@ def count_pipeline_rank(model, inputs, layout: Layout, *, backward: bool = True,
         once = [is_fsdp_collective(op, fam) for op, fam in zip(f["op"], f["family"])]
         for col in ("flops", "bytes", "calls"):
             f[col] = [x if o else x * m for x, o in zip(f[col], once)]
-        hidden, dtype = message_of(model)
-        # a context-parallel rank holds seq / cp of every sequence, and sends its own part
-        p2p = pd.DataFrame(p2p_rows(stage, total, size * (_seq(inputs) // layout.cp) * hidden * dtype.itemsize,
-                                    str(dtype).replace("torch.", ""), backward))
+        if "bytes" not in message:
+            raise FlopcountError(f"pipeline stage {stage}: its hidden states never reached its end (the final norm's "
+                                 "place), so what it sends is unknown")
+        p2p = pd.DataFrame(p2p_rows(stage, total, message["bytes"], message["dtype"], backward))
         if len(p2p):
             p2p[["flops", "bytes", "calls"]] *= m
         accumulated = pd.DataFrame(accumulation_rows(module, layout, m, rename))
@@ -105,5 +107,21 @@ def _merge_meta(meta: dict, stage: dict, rename: Callable[[str], str]) -> None:
             meta[key] = value
 
 
-def _seq(inputs) -> int:
-    return int(inputs["input_ids"].shape[1])
+def _watch_message(module, parts, last: bool) -> dict:
+    """What the stage holds of the hidden states at its end, recorded as its step runs: ``{"bytes", "dtype"}`` of
+    this rank's local tensor out of the final norm (an identity on a stage before the last). That is what
+    the stage sends forward per microbatch, and, the layout of the hidden states being the same at every stage's
+    ends, what it receives and sends back as their gradient: the whole microbatch under tensor parallel alone, seq /
+    cp of the tokens under context parallel (its inputs are cut), seq / (cp x tp) under sequence parallel (torchtitan
+    hands on local sequence shards). The hook goes with the module into the sharded copy the count makes of it."""
+    seen = {}
+
+    def hook(_module, _args, hidden):  # after the norm's own input hooks: what it took (and gives) is the stage's
+        from torch.distributed.tensor import DTensor
+
+        local = hidden.to_local() if isinstance(hidden, DTensor) else hidden
+        seen.update(bytes=local.numel() * local.element_size(), dtype=str(local.dtype).replace("torch.", ""))
+
+    base = getattr(module, parts.prefix) if last else module
+    getattr(base, parts.norm).register_forward_hook(hook)
+    return seen

@@ -6,7 +6,8 @@ sequence instead (dimension 1 of batch x sequence x hidden), so each rank runs t
 
 * the token embedding's output is sharded on the sequence (torchtitan's row-wise embedding reduce-scatters its
   looked-up rows instead of all-reducing them; an embedding the plan leaves whole keeps its rows and each rank
-  takes its slice of the sequence, moving nothing);
+  takes its slice of the sequence, moving nothing); a pipeline stage without the embedding is fed its sequence
+  shard by the stage before it, and its first layer takes it as it is (``ReceivedSequenceShard``);
 * every norm of a block, and the final norm, runs on the rank's sequence shard (``SequenceParallel``);
 * the input of each attention and MLP is all-gathered on the sequence before its column-wise linears
   (torchtitan's ``PrepareModuleInput(Shard(1) -> Replicate())``), and each row-wise linear reduce-scatters its
@@ -29,6 +30,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleOut
                                                SequenceParallel)
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
+from flopcount.distributed.experts import expert_modules
 from flopcount.distributed.layout import UnsupportedLayout
 
 SEQ = 1  # the sequence dimension of batch x sequence x hidden activations
@@ -46,10 +48,15 @@ def sequence_parallel_styles(model: torch.nn.Module, plan: Dict[str, object], bl
                              blocks) -> Tuple[Dict[str, object], List[str]]:
     """The tensor-parallel ``plan`` (module path -> style) with sequence parallelism added: the styles of its
     row-wise linears, embedding and LM head changed, the norms and the inputs of the attention and MLP added."""
-    if blocks is None:
+    embedding = _input_embedding(model)
+    if blocks is None and embedding is not None:
         raise UnsupportedLayout(f"sequence parallel: {type(model).__name__} has no stack of layers to split")
-    out = dict(plan)
-    embedding = model.get_input_embeddings() if callable(getattr(model, "get_input_embeddings", None)) else None
+    if expert_modules(model):
+        # torchtitan gathers a mixture of experts' input on the sequence and reduce-scatters its partial output
+        # onto the sequence shards; flopcount's experts all-reduce their output over the TP ranks (experts.py)
+        raise UnsupportedLayout(f"sequence parallel (--sp) on a mixture of experts ({type(model).__name__}) is not "
+                                "counted yet: count it with --tp alone")
+    out, blocks = dict(plan), blocks if blocks is not None else []  # no layers: the last stage with the head alone
     names = {m: n for n, m in model.named_modules()}
     embedding_name = names.get(embedding)
     for name, style in plan.items():
@@ -62,10 +69,14 @@ def sequence_parallel_styles(model: torch.nn.Module, plan: Dict[str, object], bl
                 out[name] = RowwiseParallel(output_layouts=Shard(SEQ), use_local_output=False)
         elif isinstance(style, ColwiseParallel) and not name.startswith(blocks_name + "."):
             out[name] = ColwiseParallel(input_layouts=Shard(SEQ), output_layouts=Replicate())  # the LM head
-    if embedding_name is None:
-        raise UnsupportedLayout(f"sequence parallel: {type(model).__name__} has no input embedding to shard the "
-                                "sequence at")
-    if embedding_name not in out:  # kept whole: each rank takes its slice of the looked-up rows
+    received = embedding_name is None
+    if received and len(blocks):
+        # a pipeline stage after the first: it is fed the hidden states the previous stage sends, which under
+        # sequence parallel are that stage's sequence shard (torchtitan's layers hand on local Shard(1) tensors)
+        out[f"{blocks_name}.0"] = ReceivedSequenceShard()
+    elif received:
+        pass  # a stage of the head alone: its final norm takes the shard (below)
+    elif embedding_name not in out:  # kept whole: each rank takes its slice of the looked-up rows
         out[embedding_name] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(SEQ),
                                                   use_local_output=False)
     head = model.get_output_embeddings() if callable(getattr(model, "get_output_embeddings", None)) else None
@@ -88,9 +99,25 @@ def sequence_parallel_styles(model: torch.nn.Module, plan: Dict[str, object], bl
             norms.append(name)
     for name in norms:
         out[name] = SequenceParallel(sequence_dim=SEQ, use_local_output=False)
+    if received and not len(blocks):
+        if not norms:
+            raise UnsupportedLayout(f"sequence parallel: {type(model).__name__} has no input embedding, layers or "
+                                    "norm to shard the sequence at")
+        out[norms[-1]] = ReceivedSequenceShard(then=out[norms[-1]])
     notes = [f"sequence parallel: {len(norms)} norms run on 1 / tp of the sequence; each attention and MLP "
              "gathers its input and reduce-scatters its output"]
     return out, notes
+
+
+def _input_embedding(model: torch.nn.Module):
+    """The model's input embedding, or None: none declared, or taken out (a pipeline stage after the first, whose
+    transformers base model then refuses to name one)."""
+    if not callable(getattr(model, "get_input_embeddings", None)):
+        return None
+    try:
+        return model.get_input_embeddings()
+    except NotImplementedError:
+        return None
 
 
 def _first_argument(module: torch.nn.Module) -> str:
@@ -127,3 +154,51 @@ class GatherSequence(ParallelStyle):
 
         module.register_forward_pre_hook(hook, with_kwargs=True)
         return module
+
+
+class _TakeShard(torch.autograd.Function):
+    """The received hidden states as this rank's sequence shard: a view of its 1 / tp of the tokens, made a DTensor
+    sharded on the sequence; backward, the gradient of those tokens (the one sent back to the previous stage),
+    placed in a tensor of the whole input's shape without arithmetic."""
+
+    @staticmethod
+    def forward(ctx, whole, mesh):
+        """This rank's part of ``whole`` (batch x sequence x hidden), as a DTensor of ``whole``'s shape."""
+        ctx.shape, ctx.dtype = whole.shape, whole.dtype
+        ranks, rank = mesh.size(), mesh.get_local_rank()
+        part = whole.shape[SEQ] // ranks
+        local = whole.narrow(SEQ, rank * part, part)
+        return DTensor.from_local(local, mesh, [Shard(SEQ)], run_check=False, shape=whole.shape,
+                                  stride=whole.stride())
+
+    @staticmethod
+    def backward(ctx, grad):
+        """An empty tensor of the whole input's shape: the gradient the stage sends back is counted with the
+        pipeline's sends, not here."""
+        local = grad.to_local() if isinstance(grad, DTensor) else grad
+        return local.new_empty(ctx.shape, dtype=ctx.dtype), None
+
+
+class ReceivedSequenceShard(ParallelStyle):
+    """The first layer of a pipeline stage after the first takes its input as the sequence shard the previous stage
+    sent (torchtitan hands on local ``Shard(1)`` tensors between stages): no collective, each rank 1 / tp of the
+    tokens. The stage's input keeps the whole sequence's shape, which a transformers model reads its length off.
+    ``then``: a style applied after (the final norm's ``SequenceParallel``, on a stage of the head alone)."""
+
+    def __init__(self, then: ParallelStyle = None):
+        super().__init__()
+        self.then = then
+
+    def _apply(self, module: torch.nn.Module, device_mesh) -> torch.nn.Module:
+        keyword = _first_argument(module)
+
+        def hook(_module, args, kwargs):
+            if args and isinstance(args[0], torch.Tensor) and not isinstance(args[0], DTensor):
+                return (_TakeShard.apply(args[0], device_mesh),) + tuple(args[1:]), kwargs
+            value = kwargs.get(keyword)
+            if isinstance(value, torch.Tensor) and not isinstance(value, DTensor):
+                kwargs = dict(kwargs, **{keyword: _TakeShard.apply(value, device_mesh)})
+            return args, kwargs
+
+        module.register_forward_pre_hook(hook, with_kwargs=True)
+        return self.then._apply(module, device_mesh) if self.then is not None else module
