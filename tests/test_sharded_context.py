@@ -239,3 +239,18 @@ def test_cp4_in_bfloat16_runs_flash_attention_blocks(i):
     kv = BATCH * HEADS * (seq // n) * E * 2 * 2  # bf16 keys and values
     gathers = _op(rank, "_c10d_functional.all_gather_into_tensor", "forward")
     assert gathers["bytes"].sum() == L * (n - 1) * kv
+
+
+def test_every_cp_rank_is_its_own_distinct_rank(cp_counts):
+    """The CP ranks run the same scores in blocks of other shapes: their per-row work (attention's backward, the
+    ring's merges) differs, so ``--all-ranks`` counts each, and the world's total is their sum."""
+    from flopcount.distributed.per_rank import distinct_ranks, rank_row, world_total
+
+    ranks = [cp_counts[f"cp2_rank{i}"] for i in range(2)]
+    assert ranks[0].total() != ranks[1].total()
+    assert distinct_ranks(Layout(cp=2)) == [{"rank": 0, "ranks_alike": 1}, {"rank": 1, "ranks_alike": 1}]
+    # mesh (pp, fsdp, cp, tp): each stage group's first rank of each CP rank, standing for its FSDP x TP ranks
+    assert distinct_ranks(Layout(pp=2, fsdp=2, cp=2, tp=2)) == [
+        {"rank": r, "ranks_alike": 4} for r in (0, 2, 8, 10)]
+    total = world_total([rank_row(r, i, 1) for i, r in enumerate(ranks)])
+    assert total["flops"]["total"] == ranks[0].total() + ranks[1].total()

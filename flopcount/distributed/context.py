@@ -21,7 +21,8 @@ context_parallel`` on the mesh's ``cp`` dimension), counted by running what torc
 
   Backward runs the same blocks again. flopcount counts each kernel call's whole square, causal or not (its rule
   for causal attention, as ``FlopCounterMode``'s), so a rank's attention is counted as 4c^2 + (N - 1) 2c^2 =
-  2 (N + 1) c^2 scores a head, the same on every rank; the unsharded step's causal call counts S^2 = 4 N^2 c^2.
+  2 (N + 1) c^2 scores a head, the same number on every rank (the work per query row, which the blocks' shapes set,
+  differs: ``per_rank`` counts each CP rank); the unsharded step's causal call counts S^2 = 4 N^2 c^2.
   Over the N ranks that is 2 N (N + 1) c^2: the masked blocks wholly above the diagonal, which no CP rank runs, are
   not counted (the difference, 2 N (N - 1) c^2, is (N - 1) / 2N of the unsharded square). Counted by half the
   square on the causal calls (Megatron's and MaxText's convention), the ranks' sum is 2 N^2 c^2 = S^2 / 2, the

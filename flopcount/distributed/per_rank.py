@@ -1,11 +1,13 @@
 """Every distinct rank of a layout counted once, with how many ranks it stands for, and the sum over the world.
 
 Ranks alike: the mesh is (pp, fsdp, cp, tp), pipeline outermost, so ranks ``pp_rank x (world / pp)`` to
-``(pp_rank + 1) x (world / pp) - 1`` run the same stages. Within them FSDP, context-parallel, tensor-parallel and
-expert-parallel ranks do the same work on their own shards (even splits: FSDP2 pads a shard that does not divide,
-tensor parallel refuses a degree that does not divide, the head-tail split gives every CP rank the same blocks of
-the causal square, and experts are counted under balanced routing), so one of them stands for all: a layout has
-``pp`` distinct ranks, the first of each stage group counted.
+``(pp_rank + 1) x (world / pp) - 1`` run the same stages. Within them FSDP, tensor-parallel and expert-parallel
+ranks do the same work on their own shards (even splits: FSDP2 pads a shard that does not divide, tensor parallel
+refuses a degree that does not divide, and experts are counted under balanced routing), so one of them stands for
+all. Context-parallel ranks do not quite: the head-tail split gives each the same scores of the causal square, but
+in blocks of other shapes (rank i's earlier peers' blocks have 2c queries, its later peers' c), so the work per
+query row (attention's backward, the ring's merges) differs from rank to rank. A layout has ``pp x cp`` distinct
+ranks: for each stage group, its first rank of each CP rank (``pp_rank x (world / pp) + cp_rank x tp``).
 """
 from __future__ import annotations
 
@@ -15,10 +17,12 @@ from flopcount.distributed.layout import UnsupportedLayout, layout_of
 
 
 def distinct_ranks(world) -> List[Dict[str, int]]:
-    """``[{"rank", "ranks_alike"}]``: one rank for each pipeline rank (all ranks alike without a pipeline)."""
+    """``[{"rank", "ranks_alike"}]``: one rank for each pipeline rank and CP rank (all ranks alike without
+    either)."""
     layout = layout_of(world)
     inner = layout.world // layout.pp
-    return [{"rank": p * inner, "ranks_alike": inner} for p in range(layout.pp)]
+    return [{"rank": p * inner + c * layout.tp, "ranks_alike": inner // layout.cp}
+            for p in range(layout.pp) for c in range(layout.cp)]
 
 
 def pipeline_rank_of(world, rank: int) -> int:
