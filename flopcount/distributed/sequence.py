@@ -164,7 +164,8 @@ class GatherMixtureOfExperts(ParallelStyle):
     whole and the experts on every token (their split over the TP ranks is ``ExpertShard``'s, which under sequence
     parallel leaves its output partial). That partial output is reduce-scattered onto the sequence shards in place
     of the experts' all-reduce. Backward mirrors it: the output's gradient all-gathered, the input's (partial over
-    the TP ranks) reduce-scattered."""
+    the TP ranks) reduce-scattered, once at the block's edge (torchtitan's ``MoE.forward`` takes its input local
+    with ``grad_placements=(Partial(),)`` for that, where older versions all-reduced it inside the experts)."""
 
     def _apply(self, module: torch.nn.Module, device_mesh) -> torch.nn.Module:
         keyword = _first_argument(module)
