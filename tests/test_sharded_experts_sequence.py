@@ -67,6 +67,14 @@ def test_every_family_sums_to_the_unsharded_count_but_the_listed(counts, name):
             assert difference == ranks * without.get(key, 0) - dp * whole.get(key, 0), key
         else:
             assert difference == 0, key
+    # the experts' work itself splits exactly: grouped products and activations, forward and backward
+    for op in ("aten._grouped_mm", "aten.silu", "aten.silu_backward"):
+        assert ranks * _op(counts[name], op) == dp * _op(counts["whole"], op) > 0, op
+
+
+def _op(report, op):
+    f = report.frame
+    return int(f[f["op"] == op]["flops"].sum())
 
 
 @pytest.mark.parametrize("name", ["tp2_sp"])
