@@ -15,8 +15,7 @@ tiny Mixtral of tests/test_sharded_experts.py (2 layers, hidden 64, 4 experts of
 heads; batch 2 x 32 tokens). Pipelines of 2 stages (one layer each; the embedding with the first, the head with the
 last), microbatches of one sample: m = 2.
 
-EP x SP (sequence parallel on a mixture of experts) is refused in one line: torchtitan gathers a mixture of experts'
-input on the sequence and reduce-scatters its output, and flopcount's experts all-reduce theirs (``experts.py``).
+EP x SP (sequence parallel on a mixture of experts) is tested in tests/test_sharded_experts_sequence.py.
 """
 import os
 import re
@@ -25,7 +24,6 @@ import pandas as pd
 import pytest
 
 import flopcount
-from flopcount.distributed import UnsupportedLayout
 from flopcount.distributed.per_rank import distinct_ranks
 from helpers import (cp_attention, cp_ring_extra, sp_whole_on_every_rank, tiny_llama,  # noqa: E402
                      token_batch)
@@ -360,15 +358,6 @@ def test_ep_x_tp_every_family_sums_to_the_unsharded_count_but_the_listed_differe
         # (under EP they are summed from the int64 counts the ranks exchange, which count no FLOPs)
         extras["reduction"] += L * EXPERTS * t
     assert _families(ep_tp[etp]) == _expected(ep_tp["whole"], dp, rules, extras)
-
-
-# --- EP x SP ---------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("world", [{"fsdp": 2, "tp": 2, "ep": 2, "sp": True}, {"tp": 2, "sp": True}])
-def test_sequence_parallel_on_a_mixture_of_experts_is_refused_in_one_line(world):
-    model, inputs = _mixtral()
-    with pytest.raises(UnsupportedLayout) as err:
-        flopcount.count(model, inputs, world=world)
-    assert "mixture of experts" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_pp_x_sp_a_stage_of_the_head_alone_takes_its_shard_at_the_final_norm():

@@ -13,8 +13,9 @@ models/llama4/infra/parallelize.py: ``apply_moe_ep_tp``, ``apply_fsdp``):
   projections column-wise, its down projection row-wise. With ``etp`` = 1 and TP on, the TP ranks split the tokens
   instead (``ReordererSequenceParallel``). Without EP, TP splits every expert (``TensorParallel``). In all three,
   the router stays replicated (``NoParallel``): every TP rank computes it whole; the experts' output is partial over
-  the TP ranks and is all-reduced (torchtitan reduce-scatters it under sequence parallel, which flopcount's TP does
-  not apply), and the input's gradient is all-reduced in backward.
+  the TP ranks and is all-reduced, and the input's gradient is all-reduced in backward; under sequence parallel the
+  MoE block around them reduce-scatters that output onto the sequence shards instead (and gathers the input), so
+  the experts then reduce nothing themselves (``sequence.py``).
 * FSDP2 shards the routed experts over the FSDP ranks EP left (``efsdp`` = fsdp x cp x borrowed TP / ep), on their
   second dimension where that mesh x ep exceeds the experts (torchtitan's ``shard_placement_fn``), before the block
   around them is sharded over all the FSDP ranks.
@@ -254,6 +255,9 @@ class ExpertShard(torch.nn.Module):
         self.num_experts_total, self.num_experts = total, total // layout.ep
         self.tokens_split = _token_split(layout)
         self.ep_group, (self.tp_group, self.tp_rank) = ep_group, tp
+        # under sequence parallel the MoE block around the experts gathers their input and reduce-scatters their
+        # output (sequence.py): the TP all-reduces below, forward and backward, are then its collectives instead
+        self.reduces_over_tp = self.tp_group is not None and not layout.sp
         dtype = experts.gate_up_proj.dtype
         self.gate_up_proj = torch.nn.Parameter(torch.empty(self.num_experts, two_inter // split, hidden,
                                                            dtype=dtype, device="meta"))
@@ -269,7 +273,7 @@ class ExpertShard(torch.nn.Module):
     def forward(self, hidden_states, top_k_index, top_k_weights):
         """The routed experts' output for this rank's tokens (whole on each TP rank after the all-reduce)."""
         tokens, top_k = top_k_index.shape
-        if self.tp_group is not None:  # the work below is split over the TP ranks: their input grads are partial
+        if self.reduces_over_tp:  # the work below is split over the TP ranks: their input grads are partial
             hidden_states = _CopyToRanks.apply(hidden_states, self.tp_group)
         full = hidden_states
         if self.tokens_split > 1:  # each TP rank routes its slice of the tokens
@@ -303,7 +307,7 @@ class ExpertShard(torch.nn.Module):
         if self.tokens_split > 1:  # this rank's tokens in place, the others' rows zero: a partial sum
             before = self.tp_rank * tokens
             out = torch.nn.functional.pad(out, (0, 0, before, full.shape[0] - before - tokens))
-        if self.tp_group is not None:
+        if self.reduces_over_tp:
             out = _SumOverRanks.apply(out, self.tp_group)
         return out.to(full.dtype)
 

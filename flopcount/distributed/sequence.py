@@ -25,7 +25,7 @@ import inspect
 from typing import Dict, List, Tuple
 
 import torch
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleOutput, RowwiseParallel,
                                                SequenceParallel)
 from torch.distributed.tensor.parallel.style import ParallelStyle
@@ -51,11 +51,6 @@ def sequence_parallel_styles(model: torch.nn.Module, plan: Dict[str, object], bl
     embedding = _input_embedding(model)
     if blocks is None and embedding is not None:
         raise UnsupportedLayout(f"sequence parallel: {type(model).__name__} has no stack of layers to split")
-    if expert_modules(model):
-        # torchtitan gathers a mixture of experts' input on the sequence and reduce-scatters its partial output
-        # onto the sequence shards; flopcount's experts all-reduce their output over the TP ranks (experts.py)
-        raise UnsupportedLayout(f"sequence parallel (--sp) on a mixture of experts ({type(model).__name__}) is not "
-                                "counted yet: count it with --tp alone")
     out, blocks = dict(plan), blocks if blocks is not None else []  # no layers: the last stage with the head alone
     names = {m: n for n, m in model.named_modules()}
     embedding_name = names.get(embedding)
@@ -83,6 +78,9 @@ def sequence_parallel_styles(model: torch.nn.Module, plan: Dict[str, object], bl
     head_name = names.get(head)
     if head_name and head_name not in out:  # a head kept whole (tied to the embedding) takes the gathered sequence
         out[head_name] = GatherSequence(local=True)
+    moe_blocks = {name.rpartition(".")[0] for name, _ in expert_modules(model)}
+    for name in moe_blocks:  # the router and the experts' parent: torchtitan's MoE input/output preparation
+        out[name] = GatherMixtureOfExperts()
     inside_blocks, norms = set(), []
     for index, block in enumerate(blocks):
         prefix = f"{blocks_name}.{index}"
@@ -91,7 +89,7 @@ def sequence_parallel_styles(model: torch.nn.Module, plan: Dict[str, object], bl
             path = f"{prefix}.{child_name}"
             if is_norm(child):
                 norms.append(path)
-            elif any(k.startswith(path + ".") for k in plan):  # an attention or MLP the plan splits
+            elif path not in moe_blocks and any(k.startswith(path + ".") for k in plan):  # an attention or MLP the plan splits
                 out[path] = GatherSequence()
     for name, module in model.named_modules():  # the final norm: outside the blocks, not inside a split module
         if is_norm(module) and not any(name.startswith(b + ".") for b in inside_blocks) \
@@ -106,6 +104,9 @@ def sequence_parallel_styles(model: torch.nn.Module, plan: Dict[str, object], bl
         out[norms[-1]] = ReceivedSequenceShard(then=out[norms[-1]])
     notes = [f"sequence parallel: {len(norms)} norms run on 1 / tp of the sequence; each attention and MLP "
              "gathers its input and reduce-scatters its output"]
+    if moe_blocks:
+        notes.append(f"sequence parallel: {len(moe_blocks)} mixture-of-experts blocks gather their input, run the "
+                     "router whole and the experts on every token, and reduce-scatter their partial output")
     return out, notes
 
 
@@ -153,6 +154,46 @@ class GatherSequence(ParallelStyle):
             return args, kwargs
 
         module.register_forward_pre_hook(hook, with_kwargs=True)
+        return module
+
+
+class GatherMixtureOfExperts(ParallelStyle):
+    """A mixture-of-experts block under sequence parallel, as torchtitan prepares it (``apply_moe_ep_tp``:
+    ``PrepareModuleInputOutput`` from ``Shard(1)`` to ``Replicate()`` with a local input, and from ``Partial()`` to
+    ``Shard(1)`` out). Its input is all-gathered on the sequence and handed on as a plain tensor: the router runs
+    whole and the experts on every token (their split over the TP ranks is ``ExpertShard``'s, which under sequence
+    parallel leaves its output partial). That partial output is reduce-scattered onto the sequence shards in place
+    of the experts' all-reduce. Backward mirrors it: the output's gradient all-gathered, the input's (partial over
+    the TP ranks) reduce-scattered, once at the block's edge (torchtitan's ``MoE.forward`` takes its input local
+    with ``grad_placements=(Partial(),)`` for that, where older versions all-reduced it inside the experts)."""
+
+    def _apply(self, module: torch.nn.Module, device_mesh) -> torch.nn.Module:
+        keyword = _first_argument(module)
+
+        def gathered(x):
+            if not isinstance(x, DTensor):
+                x = DTensor.from_local(x, device_mesh, [Shard(SEQ)], run_check=False)
+            # the gradient of the local input is partial over the TP ranks: reduce-scattered backward
+            return x.redistribute(device_mesh, [Replicate()]).to_local(grad_placements=[Partial()])
+
+        def scattered(y):
+            return DTensor.from_local(y, device_mesh, [Partial()], run_check=False).redistribute(
+                device_mesh, [Shard(SEQ)])
+
+        def before(_module, args, kwargs):
+            if args and isinstance(args[0], torch.Tensor):
+                return (gathered(args[0]),) + tuple(args[1:]), kwargs
+            if isinstance(kwargs.get(keyword), torch.Tensor):
+                kwargs = dict(kwargs, **{keyword: gathered(kwargs[keyword])})
+            return args, kwargs
+
+        def after(_module, _args, output):
+            if isinstance(output, tuple):  # (hidden states, router logits) in some models
+                return (scattered(output[0]),) + tuple(output[1:])
+            return scattered(output)
+
+        module.register_forward_pre_hook(before, with_kwargs=True)
+        module.register_forward_hook(after)
         return module
 
 
