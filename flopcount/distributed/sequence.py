@@ -89,7 +89,8 @@ def sequence_parallel_styles(model: torch.nn.Module, plan: Dict[str, object], bl
             path = f"{prefix}.{child_name}"
             if is_norm(child):
                 norms.append(path)
-            elif path not in moe_blocks and any(k.startswith(path + ".") for k in plan):  # an attention or MLP the plan splits
+            elif path not in moe_blocks and any(k.startswith(path + ".") for k in plan):
+                # an attention or MLP the plan splits (a mixture of experts has its own preparation above)
                 out[path] = GatherSequence()
     for name, module in model.named_modules():  # the final norm: outside the blocks, not inside a split module
         if is_norm(module) and not any(name.startswith(b + ".") for b in inside_blocks) \
