@@ -1,6 +1,6 @@
 """Shared by the tests: read one op's FLOPs or calls out of a report, a module that calls one op, a benchmark
 script run in a subprocess, the command run in-process with its one-line errors, and the small model whose
-modules a profile's user ranges mark."""
+modules a profile's user ranges mark, and a free port for torchrun."""
 import json
 import os
 import subprocess
@@ -173,3 +173,12 @@ def cp_ring_extra(module: str, family: str) -> bool:
     and value gradients over its steps, and sums the gradients of the keys and values repeated for grouped-query
     attention (its kernels take as many key heads as query heads; the unsharded CPU kernel takes grouped heads)."""
     return module.endswith("self_attn") and family in ("pointwise", "reduction")
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now, for a torchrun's rendezvous."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

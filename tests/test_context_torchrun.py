@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -26,7 +25,7 @@ import torch.nn.functional as F
 
 import flopcount
 from cpu_attention import LSE_ROWS, cpu_kernels
-from helpers import tiny_llama, token_batch
+from helpers import free_port, tiny_llama, token_batch
 
 aten = torch.ops.aten
 DIMS = dict(vocab=256, hidden=64, kv_heads=4, layers=2, mlp=128, heads=8, batch=2, seq=128)  # chunks of 32 at CP 2
@@ -202,11 +201,6 @@ WORKER = textwrap.dedent("""
 """)
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.mark.slow
 def test_a_measured_cp_rank_counts_what_the_fake_group_counts(tmp_path):
@@ -216,7 +210,7 @@ def test_a_measured_cp_rank_counts_what_the_fake_group_counts(tmp_path):
     out = str(tmp_path / "rank")
     tests = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd()] + sys.path), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_port()),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
            str(script), tests, json.dumps(DIMS), out]
     run = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                            start_new_session=True)

@@ -1,12 +1,13 @@
 """Two processes on the gloo backend (CPU): FLOPs summed over ranks, utilization against 2 x peak."""
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 
 import pytest
+
+from helpers import free_port  # noqa: E402
 
 WORKER = textwrap.dedent("""
     import json, itertools, os, sys
@@ -31,17 +32,12 @@ WORKER = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def test_two_gloo_processes(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     out = str(tmp_path / "result")
-    port = str(_free_port())
+    port = str(free_port())
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd()] + sys.path))
     procs = [subprocess.Popen([sys.executable, str(script), str(r), "2", port, out], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
@@ -83,7 +79,7 @@ def test_cli_under_torchrun(tmp_path):
             return net
     """))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd()] + sys.path))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
            "-m", "flopcount.cli", "utilization", f"{model}:make", "--batch", "2", "--peak", "1e9", "--steps", "2",
            "--format", "json"]
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)

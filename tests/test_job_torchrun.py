@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -16,6 +15,7 @@ import torch
 
 import flopcount
 from flopcount.profiles.job import read_job
+from helpers import free_port  # noqa: E402
 
 pytestmark = pytest.mark.slow
 LLAMA = os.path.join("tests", "fixtures", "hf", "llama-gqa-tiny")
@@ -56,11 +56,6 @@ WORKER = textwrap.dedent("""
 """)
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def job_dir(tmp_path_factory):
@@ -70,7 +65,7 @@ def job_dir(tmp_path_factory):
     script.write_text(WORKER)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd()] + sys.path), OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-addr", "127.0.0.1",
-           "--master-port", str(_port()), str(script), LLAMA, str(out), str(SLOW), str(SLEEP), str(STEPS)]
+           "--master-port", str(free_port()), str(script), LLAMA, str(out), str(SLOW), str(SLEEP), str(STEPS)]
     run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=500)
     assert run.returncode == 0, run.stderr[-3000:]
     script.unlink()

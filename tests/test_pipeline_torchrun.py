@@ -20,7 +20,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -30,6 +29,7 @@ import pytest
 import torch
 
 import flopcount
+from helpers import free_port  # noqa: E402
 pytestmark = pytest.mark.slow
 LLAMA = os.path.join("tests", "fixtures", "hf", "llama-gqa-tiny")
 KEY = ["module", "op", "phase"]
@@ -126,11 +126,8 @@ WORKER = textwrap.dedent("""
 def _torchrun(args, timeout: int):
     """2 ranks under torchrun; a run past ``timeout`` seconds (a pipeline that hangs) is killed, its ranks with it,
     and fails."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd()] + sys.path), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port())]
     proc = subprocess.Popen(cmd + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
     try:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -14,6 +13,7 @@ import pytest
 import torch
 
 import flopcount
+from helpers import free_port  # noqa: E402
 
 pytestmark = pytest.mark.slow
 LLAMA = os.path.join("tests", "fixtures", "hf", "llama-gqa-tiny")
@@ -45,15 +45,10 @@ WORKER = textwrap.dedent("""
 """)
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _torchrun(args, timeout=400):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd()] + sys.path), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_port())]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port())]
     return subprocess.run(cmd + args, capture_output=True, text=True, env=env, timeout=timeout)
 
 
